@@ -1,0 +1,42 @@
+# The two commands a new user runs are `make demo` and `make test`; both build
+# .venv from nothing. torch is pinned here (not in pyproject, which keeps
+# torch>=2.4) so that this machine takes its local CPU wheel instead of a
+# multi-GB CUDA build; on a CUDA host the same pin resolves to the CUDA wheel.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvgov-installed
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test lint bench bench-vllm clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/kvgov demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	@set -e; for b in benchmarks/bench_allocator.py benchmarks/bench_policy.py \
+	    benchmarks/bench_audit.py benchmarks/bench_governed.py; do \
+	  echo "== $$b"; $(PY) $$b; done
+
+bench-vllm: $(STAMP)
+	$(PY) benchmarks/bench_vs_vllm.py
+
+clean:
+	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info

@@ -1,0 +1,50 @@
+"""Every default kvgov uses, named once and documented here.
+
+Change a default by passing the matching argument; never edit these at run
+time (they are read at construction, and mutating module state would be
+hidden global state).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --------------------------------------------------------------------------- allocator
+
+#: Tokens per KV block, as in vLLM and SGLang.
+BLOCK_SIZE: Final = 16
+#: Eviction priority of a cached block when the admission policy gives none (0-100,
+#: lower is evicted first, as TensorRT-LLM's retention priority).
+DEFAULT_PRIORITY: Final = 50
+#: Lowest and highest eviction priority.
+MIN_PRIORITY: Final = 0
+MAX_PRIORITY: Final = 100
+
+# --------------------------------------------------------------------------- policy
+
+#: Decisions kept by the LRU decision cache in front of a policy engine.
+DECISION_CACHE_SIZE: Final = 65_536
+#: Seconds an OPA server has to answer before the decision fails closed.
+OPA_TIMEOUT_SECONDS: Final = 0.5
+
+# --------------------------------------------------------------------------- audit
+
+#: Where the audit trail goes when no URL is given.
+AUDIT_URL: Final = "sqlite:///kvgov-audit.db"
+#: Events the background writer queue holds before ``record`` blocks the caller.
+AUDIT_QUEUE_SIZE: Final = 262_144
+#: Events written per database round trip by the background writer.
+AUDIT_BATCH_SIZE: Final = 2_048
+#: Events between two signed checkpoints of one stream.
+CHECKPOINT_EVERY: Final = 10_000
+#: Environment variable holding a PEM Ed25519 private key for checkpoints.
+SIGNING_KEY_ENV: Final = "KVGOV_SIGNING_KEY"
+
+# --------------------------------------------------------------------------- govern
+
+#: Environment variable holding the cache-key secret.
+KEY_SECRET_ENV: Final = "KVGOV_KEY_SECRET"
+#: Shortest cache-key secret accepted, in bytes (the HMAC-SHA256 key size).
+MIN_KEY_SECRET_BYTES: Final = 32
+#: Longest identifier accepted in a cache scope field.
+MAX_SCOPE_FIELD_CHARS: Final = 256
