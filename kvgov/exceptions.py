@@ -33,6 +33,7 @@ __all__ = [
     "DuplicateSequence",
     "GovernError",
     "InternalError",
+    "InvalidAuditEvent",
     "InvalidScope",
     "InvalidSpec",
     "InvalidTokens",
@@ -298,6 +299,21 @@ class SigningKeyError(AuditError):
         super().__init__(f"signing key: {reason}")
 
 
+
+class InvalidAuditEvent(AuditError, ValueError):
+    """An audit event is malformed or would store tokens or text (which are never audited).
+
+    Args:
+        field: the offending field (``details`` for anything inside it).
+        reason: what is wrong and what to do instead.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"invalid audit event {field}: {reason}")
+
+
 # --------------------------------------------------------------------------- govern
 
 
@@ -382,3 +398,4 @@ class TenantPurging(GovernError):
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         super().__init__(f"tenant {tenant!r} is being purged; retry after the erasure finishes")
+
