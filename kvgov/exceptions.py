@@ -299,7 +299,6 @@ class SigningKeyError(AuditError):
         super().__init__(f"signing key: {reason}")
 
 
-
 class InvalidAuditEvent(AuditError, ValueError):
     """An audit event is malformed or would store tokens or text (which are never audited).
 
@@ -398,4 +397,3 @@ class TenantPurging(GovernError):
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         super().__init__(f"tenant {tenant!r} is being purged; retry after the erasure finishes")
-
