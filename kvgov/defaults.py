@@ -39,6 +39,8 @@ AUDIT_BATCH_SIZE: Final = 2_048
 CHECKPOINT_EVERY: Final = 10_000
 #: Environment variable holding a PEM Ed25519 private key for checkpoints.
 SIGNING_KEY_ENV: Final = "KVGOV_SIGNING_KEY"
+#: Environment variable the ``kvgov audit`` / ``kvgov db`` commands read the URL from.
+AUDIT_URL_ENV: Final = "KVGOV_AUDIT_URL"
 
 # --------------------------------------------------------------------------- govern
 
