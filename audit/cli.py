@@ -1,6 +1,447 @@
-"""`kvgov audit ...` and `kvgov db ...` commands (placeholder until the audit issue lands)."""
+"""``kvgov audit ...`` (verification, compliance queries) and ``kvgov db ...`` (schema).
+
+Every command takes ``--url`` (default: ``$KVGOV_AUDIT_URL``, else
+``kvgov.defaults.AUDIT_URL``). Query commands print a rich table, or ``--json`` (a
+JSON array) or ``--csv``. ``kvgov audit verify`` exits 1 on any integrity failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
-audit_group = click.Group("audit", help="Verify the audit trail and run compliance queries.")
-db_group = click.Group("db", help="Manage the audit database schema.")
+from audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
+from audit.signing import generate_key_files, load_public_key
+from audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
+from audit.verify import verify
+from kvgov.defaults import AUDIT_URL, AUDIT_URL_ENV
+from kvgov.exceptions import KVGovError
+
+__all__ = ["audit_group", "db_group"]
+
+
+def _default_url() -> str:
+    return os.environ.get(AUDIT_URL_ENV) or AUDIT_URL
+
+
+_url_option = click.option(
+    "--url",
+    default=None,
+    metavar="URL",
+    help=f"Audit database URL [default: ${AUDIT_URL_ENV} or {AUDIT_URL}].",
+)
+
+
+def _output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")(f)
+    return _url_option(f)
+
+
+def _parse_time(_ctx: Any, _param: Any, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 date/time") from exc
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+_since = click.option(
+    "--since", callback=_parse_time, help="Inclusive lower bound, ISO 8601 (UTC if no zone)."
+)
+_until = click.option(
+    "--until", callback=_parse_time, help="Exclusive upper bound, ISO 8601 (UTC if no zone)."
+)
+
+
+def _emit(
+    records: Sequence[AuditRecord],
+    columns: Sequence[str],
+    title: str,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in records], indent=2, sort_keys=False))
+        return
+    if as_csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(RECORD_FIELDS)
+        for r in records:
+            d = r.to_dict()
+            w.writerow(
+                [
+                    json.dumps(v, sort_keys=True) if k in ("block_ids", "details") else v
+                    for k, v in d.items()
+                ]
+            )
+        return
+    table = Table(title=f"{title} ({len(records)})")
+    for c in columns:
+        table.add_column(c)
+    for r in records:
+        d = r.to_dict()
+        cells = []
+        for c in columns:
+            if c == "blocks":
+                v: Any = len(r.block_ids)
+            elif c in d:
+                v = d[c]
+            else:
+                v = r.details.get(c)
+            if isinstance(v, (dict, list)):
+                v = json.dumps(v, sort_keys=True)
+            cells.append("" if v is None else str(v))
+        table.add_row(*cells)
+    Console().print(table)
+
+
+def _queries(url: str | None) -> AuditQueries:
+    return AuditQueries(url or _default_url())
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.group("audit")
+def audit_group() -> None:
+    """Verify the audit trail and run compliance queries."""
+
+
+@audit_group.command("verify")
+@_url_option
+@click.option(
+    "--public-key",
+    "public_keys",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Trusted checkpoint public key (PEM); repeatable. Without it, checkpoints are "
+    "checked against self-recorded keys and reported as untrusted.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def verify_cmd(
+    url: str | None, public_keys: tuple[Path, ...], as_json: bool, no_progress: bool
+) -> None:
+    """Recompute every hash chain and check every signed checkpoint (exit 1 on failure)."""
+    try:
+        keys = [load_public_key(p) for p in public_keys] if public_keys else None
+        report = verify(url or _default_url(), keys, progress=not (no_progress or as_json))
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "events": report.events,
+                    "checkpoints": report.checkpoints,
+                    "untrusted_checkpoints": report.untrusted_checkpoints,
+                    "trusted_keys": list(report.trusted_keys),
+                    "seconds": report.seconds,
+                    "streams": [
+                        {
+                            "stream": s.stream,
+                            "ok": s.ok,
+                            "events": s.events,
+                            "last_seq": s.last_seq,
+                            "head_hash": s.head_hash,
+                            "checkpoints": s.checkpoints,
+                            "last_checkpoint_seq": s.last_checkpoint_seq,
+                            "untrusted_checkpoints": s.untrusted_checkpoints,
+                            "problems": [
+                                {"seq": p.seq, "kind": p.kind, "message": p.message}
+                                for p in s.problems
+                            ],
+                        }
+                        for s in report.streams
+                    ],
+                },
+                indent=2,
+            )
+        )
+    else:
+        console = Console()
+        table = Table(title=f"audit verification: {report.events} events")
+        for c in ("stream", "events", "last seq", "checkpoints", "status", "first bad event"):
+            table.add_column(c)
+        for s in report.streams:
+            fb = s.first_bad
+            table.add_row(
+                s.stream,
+                str(s.events),
+                str(s.last_seq),
+                str(s.checkpoints),
+                "[green]ok[/]" if s.ok else "[red]FAILED[/]",
+                "" if fb is None else f"seq {fb.seq}: {fb.kind}: {fb.message}",
+            )
+        console.print(table)
+        if report.untrusted_checkpoints:
+            console.print(
+                f"[yellow]{report.untrusted_checkpoints} checkpoint(s) are signed by keys the "
+                "writers recorded themselves (untrusted); pass --public-key to trust a key.[/]"
+            )
+        console.print(
+            f"{'[green]OK[/]' if report.ok else '[red]FAILED[/]'}: {report.events} events, "
+            f"{report.checkpoints} checkpoints in {report.seconds:.2f} s"
+        )
+    if not report.ok:
+        sys.exit(1)
+
+
+@audit_group.command("reuse")
+@click.option("--tenant", required=True, help="Owner tenant of the reused blocks.")
+@_since
+@_until
+@_output_options
+def reuse_cmd(
+    tenant: str,
+    since: datetime | None,
+    until: datetime | None,
+    url: str | None,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Every reuse of TENANT's cached blocks: by which tenant, under which decision."""
+    try:
+        with _queries(url) as q:
+            rows = q.reuse(tenant, since, until)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "blocks",
+            "reused_tokens", "decision_id", "policy_revision")  # fmt: skip
+    _emit(rows, cols, f"reuse of {tenant}'s blocks", as_json, as_csv)
+
+
+@audit_group.command("erasure")
+@click.option("--tenant", required=True, help="The erased tenant.")
+@_output_options
+def erasure_cmd(tenant: str, url: str | None, as_json: bool, as_csv: bool) -> None:
+    """The erasure evidence of TENANT: when, blocks, bytes zeroized, verification."""
+    try:
+        with _queries(url) as q:
+            rows = q.erasure(tenant)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r.details if k not in keys]
+    _emit(rows, ("time", "event_id", "blocks", *keys), f"erasure of {tenant}", as_json, as_csv)
+
+
+@audit_group.command("denials")
+@click.option("--tenant", default=None, help="Only denials where this tenant owned or asked.")
+@_since
+@_until
+@_output_options
+def denials_cmd(
+    tenant: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    url: str | None,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Policy denials, share denials and policy errors (which fail closed)."""
+    try:
+        with _queries(url) as q:
+            rows = q.denials(tenant, since, until)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id",
+            "policy_revision", "reason")  # fmt: skip
+    _emit(rows, cols, "denials", as_json, as_csv)
+
+
+@audit_group.command("decisions")
+@click.option("--policy-revision", required=True, help="Policy bundle revision.")
+@_output_options
+def decisions_cmd(policy_revision: str, url: str | None, as_json: bool, as_csv: bool) -> None:
+    """Every event decided under one policy bundle revision."""
+    try:
+        with _queries(url) as q:
+            rows = q.decisions(policy_revision)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id")
+    _emit(rows, cols, f"decisions under {policy_revision}", as_json, as_csv)
+
+
+@audit_group.command("events")
+@click.option("--type", "type_", default=None, help="Event type.")
+@click.option("--tenant", default=None, help="Owner tenant.")
+@_since
+@_until
+@click.option("--limit", type=int, default=None, help="At most this many events.")
+@click.option(
+    "--count-by",
+    type=click.Choice(["type", "tenant", "requester_tenant", "stream", "policy_revision"]),
+    default=None,
+    help="Print counts grouped by this column instead of events.",
+)
+@_output_options
+def events_cmd(
+    type_: str | None,
+    tenant: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int | None,
+    count_by: str | None,
+    url: str | None,
+    as_json: bool,
+    as_csv: bool,
+) -> None:
+    """Any events, filtered by type / tenant / time; or counts with --count-by."""
+    try:
+        with _queries(url) as q:
+            if count_by is not None:
+                counts = q.counts(count_by, tenant)
+            else:
+                rows = q.events(type_, tenant, since, until, limit)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    if count_by is not None:
+        if as_json:
+            click.echo(json.dumps(counts, indent=2, sort_keys=True))
+        elif as_csv:
+            w = csv.writer(sys.stdout)
+            w.writerow([count_by, "count"])
+            w.writerows(sorted(counts.items()))
+        else:
+            table = Table(title=f"events by {count_by}")
+            table.add_column(count_by)
+            table.add_column("count", justify="right")
+            for k, n in sorted(counts.items()):
+                table.add_row(k, str(n))
+            Console().print(table)
+        return
+    cols = ("time", "event_id", "type", "tenant", "requester_tenant", "sequence_id",
+            "blocks", "token_count", "decision_id")  # fmt: skip
+    _emit(rows, cols, "events", as_json, as_csv)
+
+
+@audit_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@_url_option
+def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
+    """Export every event (never tokens or text: none are stored) as JSON Lines or CSV."""
+    try:
+        with _queries(url) as q:
+            if output is None:
+                n = q.export(sys.stdout, fmt)
+            else:
+                with output.open("w", encoding="utf-8", newline="") as f:
+                    n = q.export(f, fmt)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"exported {n} events", err=True)
+
+
+@audit_group.command("checkpoints")
+@click.option("--stream", default=None, help="All checkpoints of this stream.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@_url_option
+def checkpoints_cmd(stream: str | None, as_json: bool, url: str | None) -> None:
+    """The latest signed checkpoint per stream: keep a copy outside the database."""
+    try:
+        with _queries(url) as q:
+            cps = q.checkpoints(stream)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        click.echo(json.dumps([c.to_dict() for c in cps], indent=2))
+        return
+    table = Table(title="checkpoints")
+    for c in ("stream", "seq", "chain hash", "key id", "time"):
+        table.add_column(c)
+    for cp in cps:
+        table.add_row(cp.stream, str(cp.seq), cp.chain_hash, cp.key_id, cp.time.isoformat())
+    Console().print(table)
+
+
+@audit_group.command("keygen")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def keygen_cmd(path: Path) -> None:
+    """Generate an Ed25519 checkpoint key: PATH (0600) and PATH.pub."""
+    try:
+        files = generate_key_files(path)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"private key: {files.private}\npublic key:  {files.public}\nkey id: {files.key_id}")
+
+
+# --------------------------------------------------------------------------- db
+
+
+@click.group("db")
+def db_group() -> None:
+    """Manage the audit database schema (Alembic migrations)."""
+
+
+def _db_url(url_arg: str | None, url_opt: str | None) -> str:
+    return url_arg or url_opt or _default_url()
+
+
+@db_group.command("upgrade")
+@click.argument("url_arg", metavar="[URL]", required=False)
+@_url_option
+@click.option("--revision", default="head", show_default=True)
+@click.option("--sql", is_flag=True, help="Print the SQL instead of running it (offline).")
+def upgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
+    """Upgrade the audit schema to the head revision."""
+    target = _db_url(url_arg, url)
+    try:
+        out = upgrade(target, revision, sql=sql)
+    except Exception as exc:
+        raise _fail(exc) from exc
+    if sql:
+        click.echo(out)
+    else:
+        click.echo(f"{mask_url(target)} is at {current_revision(target)}")
+
+
+@db_group.command("downgrade")
+@click.argument("url_arg", metavar="[URL]", required=False)
+@_url_option
+@click.option("--revision", default="-1", show_default=True, help="Target; base drops all.")
+@click.option("--sql", is_flag=True, help="Print the SQL (needs --revision FROM:TO).")
+def downgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
+    """Downgrade the audit schema (downgrading to base deletes the audit trail)."""
+    target = _db_url(url_arg, url)
+    try:
+        out = downgrade(target, revision, sql=sql)
+    except Exception as exc:
+        raise _fail(exc) from exc
+    if sql:
+        click.echo(out)
+    else:
+        click.echo(f"{mask_url(target)} is at {current_revision(target) or 'base'}")
+
+
+@db_group.command("current")
+@click.argument("url_arg", metavar="[URL]", required=False)
+@_url_option
+def current_cmd(url_arg: str | None, url: str | None) -> None:
+    """Print the database's schema revision and the one this kvgov needs."""
+    target = _db_url(url_arg, url)
+    try:
+        cur = current_revision(target)
+    except Exception as exc:
+        raise _fail(exc) from exc
+    head = head_revision()
+    state = "up to date" if cur == head else "run `kvgov db upgrade`"
+    click.echo(f"{mask_url(target)}: current {cur or 'none'}, head {head} ({state})")

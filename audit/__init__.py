@@ -1,0 +1,44 @@
+"""The tamper-evident audit trail of kvgov, in SQL.
+
+Record events with :class:`AuditLog` (batched, off the caller's thread; critical events
+written synchronously; spooled when the database is down), prove integrity with
+:func:`verify` (per-stream SHA-256 hash chains and Ed25519-signed checkpoints), and
+answer compliance questions with :class:`AuditQueries`. This package never imports
+torch or the allocator.
+"""
+
+from audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
+from audit.events import CRITICAL_EVENT_TYPES, FORBIDDEN_DETAIL_KEYS, AuditEvent, EventType
+from audit.queries import AuditQueries, AuditRecord, CheckpointInfo
+from audit.signing import SigningKey, key_id, load_public_key, load_signing_key
+from audit.store import current_revision, downgrade, head_revision, open_engine, upgrade
+from audit.verify import Problem, StreamReport, VerifyReport, verify
+from audit.writer import AuditLog
+
+__all__ = [
+    "CRITICAL_EVENT_TYPES",
+    "FORBIDDEN_DETAIL_KEYS",
+    "GENESIS_HASH",
+    "AuditEvent",
+    "AuditLog",
+    "AuditQueries",
+    "AuditRecord",
+    "ChainHash",
+    "CheckpointInfo",
+    "EventType",
+    "Problem",
+    "SigningKey",
+    "StreamReport",
+    "VerifyReport",
+    "canonical_event_bytes",
+    "chain_hash",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "key_id",
+    "load_public_key",
+    "load_signing_key",
+    "open_engine",
+    "upgrade",
+    "verify",
+]

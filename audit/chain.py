@@ -1,0 +1,105 @@
+"""The hash chain: canonical event bytes and ``hash = SHA-256(prev_hash || canonical)``.
+
+Each stream (one writer) keeps its own chain, so many workers can append to one
+database without coordinating. An event's hash covers every stored field except
+the surrogate row id and the two hashes themselves; the previous hash links it to
+the event before it in the same stream.
+
+Byte layout (``canonical_event_bytes``)::
+
+    canonical = ASCII bytes of the compact JSON array
+        ["kvgov-audit-1", stream, seq, time_us, type,
+         tenant, requester_tenant, classification,
+         model, model_revision, adapter, adapter_revision,
+         tokenizer, tokenizer_revision, template_version,
+         sequence_id, token_count, reused_tokens,
+         decision_id, policy_revision, block_ids, details]
+
+    hash(event_1) = SHA-256(32 zero bytes || canonical(event_1))     # GENESIS_HASH
+    hash(event_n) = SHA-256(hash(event_n-1) || canonical(event_n))
+
+JSON rules (what makes the form survive a PostgreSQL JSONB or SQLite round trip):
+
+* separators ``,`` and ``:`` with no spaces; object keys sorted by code point
+  (JSONB reorders keys); every non-ASCII character escaped as ``\\uXXXX``
+  (so the bytes are pure ASCII);
+* ``seq``, ``time_us`` (integer microseconds since 1970-01-01 UTC; SQLite drops
+  time zones, integers do not), counts and block ids are JSON integers; absent
+  values are ``null``; ``block_ids`` is an array, ``details`` an object;
+* a float in ``details`` with an integral value is written as the integer
+  (:class:`audit.AuditEvent` converts it on construction); other floats as
+  Python's shortest round-trip ``repr``; NaN and infinities are refused.
+
+The known-answer vectors in ``tests/vectors/chain_*.json`` pin this layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Final, NewType
+
+__all__ = [
+    "CANONICAL_VERSION",
+    "GENESIS_HASH",
+    "ChainHash",
+    "canonical_event_bytes",
+    "canonical_json",
+    "chain_hash",
+]
+
+#: A 32-byte SHA-256 chain hash (distinct from cache keys and other bytes).
+ChainHash = NewType("ChainHash", bytes)
+
+#: First element of every canonical array; bump it if the layout ever changes.
+CANONICAL_VERSION: Final = "kvgov-audit-1"
+#: The ``prev_hash`` of the first event of every stream.
+GENESIS_HASH: Final = ChainHash(bytes(32))
+
+_ENCODER: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
+_encode = _ENCODER.encode
+
+
+def canonical_json(value: Any) -> str:
+    """Encode a JSON value in the canonical form the chain hashes (and SQLite stores).
+
+    Args:
+        value: a JSON-able value (as cleaned by :class:`audit.AuditEvent`).
+
+    Returns:
+        Compact, key-sorted, ASCII-only JSON text.
+    """
+    return _encode(value)
+
+
+def canonical_event_bytes(
+    head: tuple[Any, ...] | list[Any], block_ids_json: str, details_json: str
+) -> bytes:
+    """Assemble the canonical bytes of one event.
+
+    Args:
+        head: the 19 scalar fields in layout order, from ``stream`` to
+            ``policy_revision`` (without the version tag).
+        block_ids_json: ``canonical_json`` of the block id list.
+        details_json: ``canonical_json`` of the details object.
+
+    Returns:
+        The bytes described in the module docstring.
+    """
+    text = _encode([CANONICAL_VERSION, *head])
+    return f"{text[:-1]},{block_ids_json},{details_json}]".encode("ascii")
+
+
+def chain_hash(prev: ChainHash, canonical: bytes) -> ChainHash:
+    """Link one event to its predecessor.
+
+    Args:
+        prev: the previous event's hash (``GENESIS_HASH`` for the first event).
+        canonical: the event's canonical bytes.
+
+    Returns:
+        ``SHA-256(prev || canonical)``.
+    """
+    return ChainHash(hashlib.sha256(prev + canonical).digest())

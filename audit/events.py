@@ -1,0 +1,208 @@
+"""What callers hand to the audit trail: :class:`AuditEvent` and its :class:`EventType`.
+
+An event carries who (tenant, requester tenant), what scope (classification, model,
+adapter, tokenizer, template version), which blocks and how many tokens, and under
+which policy decision. It never carries token ids or text: there is no field for
+them, and ``details`` refuses keys that would hold them (:data:`FORBIDDEN_DETAIL_KEYS`).
+
+The writer (:class:`audit.AuditLog`) adds the event id, the time, the stream id and
+sequence number, and the hash chain.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from kvgov.exceptions import InvalidAuditEvent
+
+__all__ = [
+    "CRITICAL_EVENT_TYPES",
+    "FORBIDDEN_DETAIL_KEYS",
+    "AuditEvent",
+    "EventType",
+]
+
+
+class EventType(StrEnum):
+    """The kinds of audit event; the value is what is stored in ``audit_events.type``."""
+
+    ADMISSION = "admission"
+    POLICY_DENIED = "policy_denied"
+    POLICY_ERROR = "policy_error"
+    REUSE = "reuse"
+    CROSS_TENANT_REUSE = "cross_tenant_reuse"
+    SHARE_DENIED = "share_denied"
+    EVICTION = "eviction"
+    ZEROIZATION = "zeroization"
+    ZEROIZATION_FAILURE = "zeroization_failure"
+    RELEASE = "release"
+    ERASURE = "erasure"
+    INVALIDATION = "invalidation"
+    SECRET_ROTATION = "secret_rotation"
+    RETENTION_SWEEP = "retention_sweep"
+    LIFECYCLE = "lifecycle"
+
+
+#: Security-critical event types: ``AuditLog.record`` writes them (database or spool)
+#: before it returns, after everything queued before them, or raises ``AuditUnavailable``.
+CRITICAL_EVENT_TYPES: Final[frozenset[str]] = frozenset(
+    {
+        EventType.POLICY_DENIED,
+        EventType.POLICY_ERROR,
+        EventType.CROSS_TENANT_REUSE,
+        EventType.SHARE_DENIED,
+        EventType.ERASURE,
+        EventType.ZEROIZATION_FAILURE,
+    }
+)
+
+#: Keys refused anywhere inside ``details`` (compared case-insensitively): they would
+#: hold prompt content, which the audit trail never stores.
+FORBIDDEN_DETAIL_KEYS: Final[frozenset[str]] = frozenset(
+    {
+        "tokens",
+        "token_ids",
+        "input_ids",
+        "output_ids",
+        "text",
+        "prompt",
+        "prompts",
+        "completion",
+        "messages",
+    }
+)
+
+_EVENT_TYPES: Final = frozenset(t.value for t in EventType)
+_MAX_DEPTH: Final = 16
+
+
+def _clean(value: Any, path: str, depth: int) -> Any:
+    """Return a private, JSON-canonical copy of one ``details`` value, or raise.
+
+    Integral floats become ints so that the canonical form survives PostgreSQL's
+    JSONB (which prints ``1e20`` back as ``100000000000000000000``).
+    """
+    if depth > _MAX_DEPTH:
+        raise InvalidAuditEvent("details", f"nested deeper than {_MAX_DEPTH} levels at {path}")
+    if value is None or isinstance(value, (bool, str)):
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidAuditEvent("details", f"NUL character in string at {path}")
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidAuditEvent("details", f"non-finite number {value!r} at {path}")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidAuditEvent("details", f"non-string key {k!r} at {path}")
+            if k.lower() in FORBIDDEN_DETAIL_KEYS:
+                raise InvalidAuditEvent(
+                    "details",
+                    f"key {path}.{k} would hold tokens or text, which are never audited; "
+                    "record counts (token_count, reused_tokens) instead",
+                )
+            out[k] = _clean(v, f"{path}.{k}", depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_clean(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    raise InvalidAuditEvent("details", f"{type(value).__name__} at {path} is not JSON")
+
+
+def _check_str(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidAuditEvent(name, f"must be a str or None, got {type(value).__name__}")
+
+
+def _check_count(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidAuditEvent(name, f"must be a non-negative int or None, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One auditable act, as a caller describes it.
+
+    Validated at construction (on the caller's thread), so that ``record`` stays a
+    queue append: an unknown ``type``, a wrong-typed field, or ``details`` that are
+    not JSON or hold a forbidden key raise :class:`~kvgov.exceptions.InvalidAuditEvent`.
+    ``details`` is deep-copied, so later changes to the caller's dict do not leak in.
+
+    Args:
+        type: an :class:`EventType` value.
+        tenant: owner tenant of the blocks or the request.
+        requester_tenant: the tenant asking (differs from ``tenant`` on cross-tenant reuse).
+        classification: data classification label of the scope.
+        model: model name.
+        model_revision: model revision.
+        adapter: adapter (LoRA) name, if any.
+        adapter_revision: adapter revision, if any.
+        tokenizer: tokenizer name.
+        tokenizer_revision: tokenizer revision.
+        template_version: prompt-template version.
+        sequence_id: the request / sequence id.
+        block_ids: KV block ids involved.
+        token_count: tokens in the request or involved.
+        reused_tokens: tokens served from cache.
+        decision_id: id of the policy decision that allowed or denied this.
+        policy_revision: policy bundle revision of that decision.
+        details: JSON-able extra facts (never tokens or text).
+    """
+
+    type: str
+    tenant: str | None = None
+    requester_tenant: str | None = None
+    classification: str | None = None
+    model: str | None = None
+    model_revision: str | None = None
+    adapter: str | None = None
+    adapter_revision: str | None = None
+    tokenizer: str | None = None
+    tokenizer_revision: str | None = None
+    template_version: str | None = None
+    sequence_id: str | None = None
+    block_ids: tuple[int, ...] = ()
+    token_count: int | None = None
+    reused_tokens: int | None = None
+    decision_id: str | None = None
+    policy_revision: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.type not in _EVENT_TYPES:
+            raise InvalidAuditEvent(
+                "type", f"unknown event type {self.type!r}; use an audit.EventType value"
+            )
+        for name in (
+            "tenant",
+            "requester_tenant",
+            "classification",
+            "model",
+            "model_revision",
+            "adapter",
+            "adapter_revision",
+            "tokenizer",
+            "tokenizer_revision",
+            "template_version",
+            "sequence_id",
+            "decision_id",
+            "policy_revision",
+        ):
+            _check_str(name, getattr(self, name))
+        _check_count("token_count", self.token_count)
+        _check_count("reused_tokens", self.reused_tokens)
+        block_ids = tuple(self.block_ids)
+        for b in block_ids:
+            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                raise InvalidAuditEvent("block_ids", f"must be non-negative ints, got {b!r}")
+        object.__setattr__(self, "block_ids", block_ids)
+        if not isinstance(self.details, Mapping):
+            raise InvalidAuditEvent("details", "must be a mapping")
+        object.__setattr__(self, "details", _clean(self.details, "details", 0))

@@ -1,0 +1,162 @@
+"""SQLAlchemy 2 typed models of the audit store: events, checkpoints, keys.
+
+All three tables are append-only: the migration installs triggers that reject
+UPDATE and DELETE (and TRUNCATE on PostgreSQL). Times are integer microseconds
+since the Unix epoch, UTC (``time_us``): SQLite drops time zones, integers do not,
+and the hash chain covers exactly the stored integer.
+
+JSON columns (``block_ids``, ``details``) are ``JSON`` on SQLite and ``JSONB`` on
+PostgreSQL; the chain hashes their canonical form (see :mod:`audit.chain`), which
+survives JSONB's key reordering.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["AuditCheckpoint", "AuditEventRow", "AuditKey", "Base", "metadata"]
+
+#: Stable constraint and index names, so migrations can refer to them.
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+_ID = BigInteger().with_variant(Integer, "sqlite")  # INTEGER PRIMARY KEY = rowid on SQLite
+_JSON = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the audit models (shares :data:`metadata`)."""
+
+    metadata = metadata
+
+
+class AuditEventRow(Base):
+    """One audit event as stored; every column except ``id`` and the hashes is hashed."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        UniqueConstraint("stream", "seq", name="uq_audit_events_stream_seq"),
+        Index("ix_audit_events_tenant_type_time", "tenant", "type", "time_us"),
+        Index("ix_audit_events_requester_time", "requester_tenant", "time_us"),
+        Index("ix_audit_events_type_time", "type", "time_us"),
+        Index("ix_audit_events_policy_revision", "policy_revision"),
+        Index("ix_audit_events_decision_id", "decision_id"),
+    )
+
+    #: Surrogate row id (insertion order); not hashed. Event ids are "<stream>:<seq>".
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    #: Writer stream (worker) id; each stream has its own hash chain.
+    stream: Mapped[str] = mapped_column(String(128))
+    #: Sequence number within the stream, 1, 2, 3, ... without gaps.
+    seq: Mapped[int] = mapped_column(BigInteger)
+    #: When the event was recorded: microseconds since 1970-01-01 UTC.
+    time_us: Mapped[int] = mapped_column(BigInteger)
+    #: An ``audit.EventType`` value.
+    type: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str | None] = mapped_column(String(256))
+    requester_tenant: Mapped[str | None] = mapped_column(String(256))
+    classification: Mapped[str | None] = mapped_column(String(256))
+    model: Mapped[str | None] = mapped_column(String(256))
+    model_revision: Mapped[str | None] = mapped_column(String(256))
+    adapter: Mapped[str | None] = mapped_column(String(256))
+    adapter_revision: Mapped[str | None] = mapped_column(String(256))
+    tokenizer: Mapped[str | None] = mapped_column(String(256))
+    tokenizer_revision: Mapped[str | None] = mapped_column(String(256))
+    template_version: Mapped[str | None] = mapped_column(String(256))
+    sequence_id: Mapped[str | None] = mapped_column(String(256))
+    token_count: Mapped[int | None] = mapped_column(BigInteger)
+    reused_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    decision_id: Mapped[str | None] = mapped_column(String(64))
+    policy_revision: Mapped[str | None] = mapped_column(String(128))
+    #: KV block ids involved (JSON array of ints).
+    block_ids: Mapped[list[int]] = mapped_column(_JSON)
+    #: Extra facts (JSON object); never tokens or text.
+    details: Mapped[dict[str, Any]] = mapped_column(_JSON)
+    #: Hash of the previous event of this stream (32 zero bytes for the first).
+    prev_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    #: SHA-256(prev_hash || canonical bytes of this event).
+    hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+
+
+class AuditCheckpoint(Base):
+    """A signed statement that a stream had chain hash ``chain_hash`` at ``seq``."""
+
+    __tablename__ = "audit_checkpoints"
+    __table_args__ = (UniqueConstraint("stream", "seq", name="uq_audit_checkpoints_stream_seq"),)
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    stream: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    chain_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    #: Ed25519 signature over ``audit.signing.checkpoint_message(stream, seq, chain_hash)``.
+    signature: Mapped[bytes] = mapped_column(LargeBinary(64))
+    key_id: Mapped[str] = mapped_column(String(16))
+    time_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class AuditKey(Base):
+    """A public key some writer signed checkpoints with, as that writer recorded it.
+
+    Recorded keys let ``verify`` check signatures, but they prove nothing on their
+    own (whoever can write the table can add a key): only keys the verifier is given
+    (``--public-key``) are trusted.
+    """
+
+    __tablename__ = "audit_keys"
+
+    key_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    algorithm: Mapped[str] = mapped_column(String(16))
+    public_key: Mapped[bytes] = mapped_column(LargeBinary(32))
+    #: "configured" or "ephemeral" (generated because no key was configured).
+    origin: Mapped[str] = mapped_column(String(16))
+    #: The stream that first recorded it.
+    stream: Mapped[str] = mapped_column(String(128))
+    time_us: Mapped[int] = mapped_column(BigInteger)
+
+
+#: Column order the writer inserts and the chain hashes (after ``stream``).
+EVENT_INSERT_COLUMNS: tuple[str, ...] = (
+    "stream",
+    "seq",
+    "time_us",
+    "type",
+    "tenant",
+    "requester_tenant",
+    "classification",
+    "model",
+    "model_revision",
+    "adapter",
+    "adapter_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "template_version",
+    "sequence_id",
+    "token_count",
+    "reused_tokens",
+    "decision_id",
+    "policy_revision",
+    "block_ids",
+    "details",
+    "prev_hash",
+    "hash",
+)

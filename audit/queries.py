@@ -1,0 +1,456 @@
+"""Compliance queries over the audit trail: reuse, erasure, denials, decisions, export.
+
+Every query returns small frozen :class:`AuditRecord` objects read by name. None of
+them can show token ids or text: the store has no column for them, and ``details``
+refuses such keys when an event is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, TextIO
+
+from sqlalchemy import Select, func, or_, select
+from sqlalchemy.engine import URL
+
+from audit.events import EventType
+from audit.models import AuditCheckpoint, AuditEventRow
+from audit.store import open_engine
+
+__all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "to_time_us"]
+
+#: Event types that count as a denial.
+DENIAL_TYPES: Final = (EventType.POLICY_DENIED, EventType.SHARE_DENIED, EventType.POLICY_ERROR)
+#: Event types that count as a reuse of cached blocks.
+REUSE_TYPES: Final = (EventType.REUSE, EventType.CROSS_TENANT_REUSE)
+
+#: Columns of a record, in display and export order.
+RECORD_FIELDS: Final = (
+    "event_id",
+    "time",
+    "stream",
+    "seq",
+    "type",
+    "tenant",
+    "requester_tenant",
+    "classification",
+    "model",
+    "model_revision",
+    "adapter",
+    "adapter_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "template_version",
+    "sequence_id",
+    "block_ids",
+    "token_count",
+    "reused_tokens",
+    "decision_id",
+    "policy_revision",
+    "details",
+    "hash",
+)
+
+_SELECT_COLS = (
+    AuditEventRow.stream,
+    AuditEventRow.seq,
+    AuditEventRow.time_us,
+    AuditEventRow.type,
+    AuditEventRow.tenant,
+    AuditEventRow.requester_tenant,
+    AuditEventRow.classification,
+    AuditEventRow.model,
+    AuditEventRow.model_revision,
+    AuditEventRow.adapter,
+    AuditEventRow.adapter_revision,
+    AuditEventRow.tokenizer,
+    AuditEventRow.tokenizer_revision,
+    AuditEventRow.template_version,
+    AuditEventRow.sequence_id,
+    AuditEventRow.block_ids,
+    AuditEventRow.token_count,
+    AuditEventRow.reused_tokens,
+    AuditEventRow.decision_id,
+    AuditEventRow.policy_revision,
+    AuditEventRow.details,
+    AuditEventRow.hash,
+)
+
+
+def to_time_us(when: datetime | int | float | None) -> int | None:
+    """Convert a query bound to microseconds since the epoch (naive datetimes are UTC).
+
+    Args:
+        when: a datetime, seconds since the epoch, or None.
+
+    Returns:
+        Microseconds since the epoch, or None.
+    """
+    if when is None:
+        return None
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return int(when.timestamp() * 1_000_000)
+    return int(when * 1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One stored audit event as a query returns it.
+
+    Attributes mirror the ``audit_events`` columns; ``event_id`` is ``"<stream>:<seq>"``,
+    ``time`` the UTC datetime of ``time_us``, ``hash`` the hex chain hash.
+    """
+
+    event_id: str
+    time: datetime
+    time_us: int
+    stream: str
+    seq: int
+    type: str
+    tenant: str | None
+    requester_tenant: str | None
+    classification: str | None
+    model: str | None
+    model_revision: str | None
+    adapter: str | None
+    adapter_revision: str | None
+    tokenizer: str | None
+    tokenizer_revision: str | None
+    template_version: str | None
+    sequence_id: str | None
+    block_ids: tuple[int, ...]
+    token_count: int | None
+    reused_tokens: int | None
+    decision_id: str | None
+    policy_revision: str | None
+    details: dict[str, Any]
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict in ``RECORD_FIELDS`` order (time as ISO 8601 UTC).
+
+        Returns:
+            The record.
+        """
+        out: dict[str, Any] = {}
+        for name in RECORD_FIELDS:
+            v = getattr(self, name)
+            if name == "time":
+                v = v.isoformat()
+            elif name == "block_ids":
+                v = list(v)
+            out[name] = v
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """A stored checkpoint, for keeping a copy outside the database.
+
+    Attributes:
+        stream: the stream.
+        seq: last seq covered.
+        chain_hash: hex chain hash at ``seq``.
+        signature: hex Ed25519 signature.
+        key_id: signing key id.
+        time: when it was signed (UTC).
+    """
+
+    stream: str
+    seq: int
+    chain_hash: str
+    signature: str
+    key_id: str
+    time: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict.
+
+        Returns:
+            The checkpoint.
+        """
+        return {
+            "stream": self.stream,
+            "seq": self.seq,
+            "chain_hash": self.chain_hash,
+            "signature": self.signature,
+            "key_id": self.key_id,
+            "time": self.time.isoformat(),
+        }
+
+
+def _time(us: int) -> datetime:
+    return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
+
+def _record(r: Sequence[Any]) -> AuditRecord:
+    return AuditRecord(
+        event_id=f"{r[0]}:{r[1]}",
+        time=_time(int(r[2])),
+        time_us=int(r[2]),
+        stream=r[0],
+        seq=int(r[1]),
+        type=r[3],
+        tenant=r[4],
+        requester_tenant=r[5],
+        classification=r[6],
+        model=r[7],
+        model_revision=r[8],
+        adapter=r[9],
+        adapter_revision=r[10],
+        tokenizer=r[11],
+        tokenizer_revision=r[12],
+        template_version=r[13],
+        sequence_id=r[14],
+        block_ids=tuple(r[15] or ()),
+        token_count=r[16],
+        reused_tokens=r[17],
+        decision_id=r[18],
+        policy_revision=r[19],
+        details=dict(r[20] or {}),
+        hash=bytes(r[21]).hex(),
+    )
+
+
+class AuditQueries:
+    """Read-only compliance queries over one audit database.
+
+    Args:
+        url: the audit database URL.
+
+    Raises:
+        AuditSchemaError: the database is not at the head revision.
+    """
+
+    def __init__(self, url: str | URL) -> None:
+        self._engine = open_engine(url, auto_upgrade=False)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> AuditQueries:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, stmt: Select[Any]) -> tuple[AuditRecord, ...]:
+        with self._engine.connect() as conn:
+            return tuple(_record(r) for r in conn.execute(stmt))
+
+    @staticmethod
+    def _window(stmt: Select[Any], since: Any, until: Any) -> Select[Any]:
+        lo, hi = to_time_us(since), to_time_us(until)
+        if lo is not None:
+            stmt = stmt.where(AuditEventRow.time_us >= lo)
+        if hi is not None:
+            stmt = stmt.where(AuditEventRow.time_us < hi)
+        return stmt
+
+    @staticmethod
+    def _ordered(stmt: Select[Any]) -> Select[Any]:
+        return stmt.order_by(AuditEventRow.time_us, AuditEventRow.stream, AuditEventRow.seq)
+
+    def reuse(
+        self, tenant: str, since: datetime | None = None, until: datetime | None = None
+    ) -> tuple[AuditRecord, ...]:
+        """Every reuse of ``tenant``'s cached blocks: by which tenant, under which decision.
+
+        Args:
+            tenant: the owner tenant.
+            since: inclusive lower time bound (UTC).
+            until: exclusive upper time bound (UTC).
+
+        Returns:
+            ``reuse`` and ``cross_tenant_reuse`` events whose owner is ``tenant``, oldest
+            first; ``requester_tenant``, ``decision_id`` and ``policy_revision`` say who
+            and under which policy.
+        """
+        stmt = select(*_SELECT_COLS).where(
+            AuditEventRow.tenant == tenant, AuditEventRow.type.in_(REUSE_TYPES)
+        )
+        return self._run(self._ordered(self._window(stmt, since, until)))
+
+    def erasure(self, tenant: str) -> tuple[AuditRecord, ...]:
+        """The erasure evidence of a tenant: every ``erasure`` event, oldest first.
+
+        Args:
+            tenant: the tenant erased.
+
+        Returns:
+            The events; ``details`` holds what the erasure reported (blocks, bytes
+            zeroized, verification), ``block_ids`` the blocks.
+        """
+        stmt = select(*_SELECT_COLS).where(
+            AuditEventRow.tenant == tenant, AuditEventRow.type == EventType.ERASURE
+        )
+        return self._run(self._ordered(stmt))
+
+    def denials(
+        self,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> tuple[AuditRecord, ...]:
+        """Policy denials, share denials and policy errors (which deny: fail closed).
+
+        Args:
+            tenant: only those where this tenant owned or requested (None: all).
+            since: inclusive lower time bound.
+            until: exclusive upper time bound.
+
+        Returns:
+            The events, oldest first.
+        """
+        stmt = select(*_SELECT_COLS).where(AuditEventRow.type.in_(DENIAL_TYPES))
+        if tenant is not None:
+            stmt = stmt.where(
+                or_(AuditEventRow.tenant == tenant, AuditEventRow.requester_tenant == tenant)
+            )
+        return self._run(self._ordered(self._window(stmt, since, until)))
+
+    def decisions(self, policy_revision: str) -> tuple[AuditRecord, ...]:
+        """Every event decided under one policy bundle revision.
+
+        Args:
+            policy_revision: the bundle revision.
+
+        Returns:
+            The events, oldest first.
+        """
+        stmt = select(*_SELECT_COLS).where(AuditEventRow.policy_revision == policy_revision)
+        return self._run(self._ordered(stmt))
+
+    def events(
+        self,
+        type: str | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int | None = None,
+    ) -> tuple[AuditRecord, ...]:
+        """Generic filter over all events.
+
+        Args:
+            type: an event type (None: all).
+            tenant: the owner tenant (None: all).
+            since: inclusive lower time bound.
+            until: exclusive upper time bound.
+            limit: at most this many (oldest first).
+
+        Returns:
+            The events, oldest first.
+        """
+        stmt = select(*_SELECT_COLS)
+        if type is not None:
+            stmt = stmt.where(AuditEventRow.type == type)
+        if tenant is not None:
+            stmt = stmt.where(AuditEventRow.tenant == tenant)
+        stmt = self._ordered(self._window(stmt, since, until))
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        return self._run(stmt)
+
+    def counts(self, by: str = "type", tenant: str | None = None) -> dict[str, int]:
+        """Count events grouped by one column (to cross-check what a workload did).
+
+        Args:
+            by: ``type``, ``tenant``, ``requester_tenant``, ``stream`` or ``policy_revision``.
+            tenant: only this owner tenant (None: all).
+
+        Returns:
+            ``{value: count}``; a None value is counted under ``""``.
+
+        Raises:
+            ValueError: ``by`` is not one of the allowed columns.
+        """
+        allowed = ("type", "tenant", "requester_tenant", "stream", "policy_revision")
+        if by not in allowed:
+            raise ValueError(f"by must be one of {allowed}, got {by!r}")
+        col = getattr(AuditEventRow, by)
+        stmt = select(col, func.count()).group_by(col)
+        if tenant is not None:
+            stmt = stmt.where(AuditEventRow.tenant == tenant)
+        with self._engine.connect() as conn:
+            return {(k or ""): int(n) for k, n in conn.execute(stmt)}
+
+    def checkpoints(self, stream: str | None = None) -> tuple[CheckpointInfo, ...]:
+        """The latest checkpoint of every stream (or every checkpoint of one stream).
+
+        Keep this output somewhere the database's writers cannot change: it is what
+        detects a tail cut after the last checkpoint.
+
+        Args:
+            stream: list all checkpoints of this stream (None: the latest per stream).
+
+        Returns:
+            The checkpoints.
+        """
+        c = AuditCheckpoint
+        stmt = select(c.stream, c.seq, c.chain_hash, c.signature, c.key_id, c.time_us)
+        if stream is not None:
+            stmt = stmt.where(c.stream == stream).order_by(c.seq)
+        else:
+            latest = select(c.stream.label("s"), func.max(c.seq).label("m")).group_by(c.stream)
+            sub = latest.subquery()
+            stmt = stmt.join(sub, (c.stream == sub.c.s) & (c.seq == sub.c.m)).order_by(c.stream)
+        with self._engine.connect() as conn:
+            return tuple(
+                CheckpointInfo(s, int(q), bytes(h).hex(), bytes(sig).hex(), k, _time(int(t)))
+                for s, q, h, sig, k, t in conn.execute(stmt)
+            )
+
+    def iter_all(self, batch: int = 10_000) -> Iterator[AuditRecord]:
+        """Every event in ``(stream, seq)`` order, streamed.
+
+        Args:
+            batch: rows fetched per round trip.
+
+        Yields:
+            The records.
+        """
+        stmt = select(*_SELECT_COLS).order_by(AuditEventRow.stream, AuditEventRow.seq)
+        with self._engine.connect() as conn:
+            result = conn.execution_options(yield_per=batch).execute(stmt)
+            for r in result:
+                yield _record(r)
+
+    def export(self, out: TextIO, format: str = "jsonl") -> int:
+        """Write every event to ``out`` as JSON Lines or CSV.
+
+        Args:
+            out: a text stream.
+            format: ``jsonl`` or ``csv`` (``block_ids`` and ``details`` as JSON text).
+
+        Returns:
+            The number of events written.
+
+        Raises:
+            ValueError: unknown format.
+        """
+        if format not in ("jsonl", "csv"):
+            raise ValueError(f"format must be jsonl or csv, got {format!r}")
+        n = 0
+        writer = csv.writer(out) if format == "csv" else None
+        if writer is not None:
+            writer.writerow(RECORD_FIELDS)
+        for rec in self.iter_all():
+            d = rec.to_dict()
+            if writer is not None:
+                writer.writerow(
+                    [
+                        json.dumps(v, sort_keys=True) if k in ("block_ids", "details") else v
+                        for k, v in d.items()
+                    ]
+                )
+            else:
+                out.write(json.dumps(d, sort_keys=True) + "\n")
+            n += 1
+        return n

@@ -1,0 +1,230 @@
+"""Engines and schema revisions of the audit store (SQLite or PostgreSQL).
+
+``open_engine`` is the one door every reader and writer goes through: it creates the
+engine (SQLite in WAL mode; ``postgresql://`` URLs use psycopg 3) and refuses a
+database that is not at the Alembic head revision with
+:class:`~kvgov.exceptions.AuditSchemaError`, telling the user to run
+``kvgov db upgrade``. A SQLite database that is still empty (a new file), and the
+default audit file, are created and upgraded automatically.
+
+Migrations run programmatically from the installed ``migrations`` package, so no
+``alembic.ini`` has to be found on disk.
+"""
+
+from __future__ import annotations
+
+import io
+from importlib.resources import files
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
+from sqlalchemy.engine import URL, make_url
+
+from kvgov.defaults import AUDIT_URL
+from kvgov.exceptions import AuditSchemaError
+
+__all__ = [
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "mask_url",
+    "normalize_url",
+    "open_engine",
+    "upgrade",
+]
+
+#: Seconds a PostgreSQL connection attempt may take before the writer spools instead.
+PG_CONNECT_TIMEOUT_SECONDS = 3
+#: Milliseconds a SQLite writer waits on a lock held by another writer.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse an audit URL; plain ``postgresql://`` means psycopg 3 (``postgresql+psycopg``).
+
+    Args:
+        url: a SQLAlchemy URL.
+
+    Returns:
+        The parsed URL.
+    """
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u
+
+
+def mask_url(url: str | URL) -> str:
+    """Render a URL with its password hidden, for messages.
+
+    Args:
+        url: the URL.
+
+    Returns:
+        The URL text with ``***`` for the password.
+    """
+    return normalize_url(url).render_as_string(hide_password=True)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.close()
+
+
+def create_audit_engine(url: str | URL) -> Engine:
+    """Create an engine tuned for the audit store (no schema check).
+
+    Args:
+        url: the database URL.
+
+    Returns:
+        The engine.
+    """
+    u = normalize_url(url)
+    if u.get_backend_name() == "sqlite":
+        engine = create_engine(u, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if u.get_backend_name() == "postgresql":
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_SECONDS
+    return create_engine(u, connect_args=connect_args, pool_pre_ping=True)
+
+
+def _config(url: str | URL | None = None, connection: Connection | None = None) -> Config:
+    cfg = Config(stdout=io.StringIO())
+    cfg.set_main_option("script_location", str(files("migrations")))
+    if url is not None:
+        cfg.set_main_option(
+            "sqlalchemy.url",
+            normalize_url(url).render_as_string(hide_password=False).replace("%", "%%"),
+        )
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+_HEAD: list[str] = []
+
+
+def head_revision() -> str:
+    """The Alembic head revision this kvgov needs.
+
+    Returns:
+        The revision id.
+    """
+    if not _HEAD:
+        head = ScriptDirectory.from_config(_config()).get_current_head()
+        if head is None:  # pragma: no cover - the package ships its revisions
+            raise RuntimeError("the migrations package holds no revision")
+        _HEAD.append(head)
+    return _HEAD[0]
+
+
+def current_revision(url: str | URL) -> str | None:
+    """The revision a database is at.
+
+    Args:
+        url: the database URL.
+
+    Returns:
+        The revision id, or None for a database without the schema.
+    """
+    engine = create_audit_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str | URL, revision: str = "head", *, sql: bool = False) -> str:
+    """Upgrade a database's schema (``kvgov db upgrade``).
+
+    Args:
+        url: the database URL.
+        revision: the target revision.
+        sql: render the SQL instead of running it (Alembic offline mode).
+
+    Returns:
+        The SQL script in offline mode, else an empty string.
+    """
+    return _run(url, sql, lambda cfg: command.upgrade(cfg, revision, sql=sql))
+
+
+def downgrade(url: str | URL, revision: str = "-1", *, sql: bool = False) -> str:
+    """Downgrade a database's schema (``kvgov db downgrade``); ``base`` drops the audit tables.
+
+    Args:
+        url: the database URL.
+        revision: the target revision (``-1``: one step back).
+        sql: render the SQL instead of running it (offline mode; needs ``from:to`` form).
+
+    Returns:
+        The SQL script in offline mode, else an empty string.
+    """
+    return _run(url, sql, lambda cfg: command.downgrade(cfg, revision, sql=sql))
+
+
+def _run(url: str | URL, sql: bool, fn: Any) -> str:
+    if sql:
+        out = io.StringIO()
+        cfg = _config(url)
+        cfg.output_buffer = out
+        fn(cfg)
+        return out.getvalue()
+    engine = create_audit_engine(url)
+    try:
+        with engine.begin() as conn:
+            fn(_config(connection=conn))
+    finally:
+        engine.dispose()
+    return ""
+
+
+def _is_default_sqlite(u: URL) -> bool:
+    return u == normalize_url(AUDIT_URL)
+
+
+def open_engine(url: str | URL, *, auto_upgrade: bool | None = None) -> Engine:
+    """Create an engine for a database at the head revision, or refuse.
+
+    Args:
+        url: the database URL.
+        auto_upgrade: True upgrades any database; False never does; None (default)
+            upgrades only an empty SQLite database and the default audit file.
+
+    Returns:
+        The engine (dispose it when done).
+
+    Raises:
+        AuditSchemaError: the database is not at the head revision; run
+            ``kvgov db upgrade URL``.
+    """
+    u = normalize_url(url)
+    engine = create_audit_engine(u)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+            empty = not inspect(conn).get_table_names()
+        head = head_revision()
+        if current == head:
+            return engine
+        sqlite = u.get_backend_name() == "sqlite"
+        if auto_upgrade is None:
+            auto_upgrade = sqlite and (empty or _is_default_sqlite(u))
+        if not auto_upgrade:
+            raise AuditSchemaError(mask_url(u), current, head)
+        with engine.begin() as conn:
+            command.upgrade(_config(connection=conn), "head")
+        return engine
+    except BaseException:
+        engine.dispose()
+        raise
