@@ -26,6 +26,8 @@ MAX_PRIORITY: Final = 100
 DECISION_CACHE_SIZE: Final = 65_536
 #: Seconds an OPA server has to answer before the decision fails closed.
 OPA_TIMEOUT_SECONDS: Final = 0.5
+#: Seconds the OPA server engine trusts the bundle revision it read before reading it again.
+OPA_REVISION_TTL_SECONDS: Final = 10.0
 
 # --------------------------------------------------------------------------- audit
 

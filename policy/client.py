@@ -1,0 +1,476 @@
+"""PolicyClient: the typed, fail-closed accessors the govern layer calls.
+
+Each accessor builds the input of one rule of the bundle, asks the (cached)
+engine, and checks the shape of the answer. Anything unexpected (an engine error,
+a timeout, an undefined rule, a result of the wrong shape) gives the most
+restrictive answer: admission ``allow=False, cache=False``; sharing and offload
+``allow=False``; share groups ``publish=None, read=()``; retention
+``ttl_seconds=0``; classifications an empty set. A wrong-shaped result is reported
+by replacing the decision with one that has ``allow=False`` and ``error`` set
+(same ``decision_id``, so the audit record still points at the evaluation).
+
+Cache keys: for scope-shaped inputs the client passes the cache a precomputed
+key, the tuple of the scope's nine values in :data:`SCOPE_FIELDS` order, used only
+when the scope has exactly those keys and every value is a ``str`` or ``None``
+(so the tuple determines the scope exactly; ``True``/``1`` confusion cannot arise
+because other types fall back to canonical JSON). See :mod:`policy.cache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgov.defaults import DECISION_CACHE_SIZE, MAX_PRIORITY, MIN_PRIORITY, OPA_TIMEOUT_SECONDS
+from kvgov.exceptions import PolicyError
+from policy.cache import CachedEngine, CacheStats
+from policy.embedded import EmbeddedEngine
+from policy.engine import Decision, PolicyEngine
+
+__all__ = [
+    "ADMISSION_PATH",
+    "CLASSIFICATIONS_PATH",
+    "GROUPS_PATH",
+    "OFFLOAD_PATH",
+    "RETENTION_PATH",
+    "SCOPE_FIELDS",
+    "SHARING_PATH",
+    "AdmissionDecision",
+    "OffloadDecision",
+    "PolicyClient",
+    "RetentionDecision",
+    "ShareGroups",
+    "SharingDecision",
+    "scope_key",
+]
+
+#: The fields of a scope in policy input, in cache-key order.
+SCOPE_FIELDS = (
+    "tenant",
+    "classification",
+    "model",
+    "model_revision",
+    "adapter",
+    "adapter_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "template_version",
+)
+#: Rule paths of the bundle.
+ADMISSION_PATH = "kvgov/admission/decision"
+SHARING_PATH = "kvgov/sharing/decision"
+GROUPS_PATH = "kvgov/sharing/groups"
+RETENTION_PATH = "kvgov/retention/decision"
+OFFLOAD_PATH = "kvgov/offload/decision"
+CLASSIFICATIONS_PATH = "kvgov/classifications"
+
+_scope_values = operator.itemgetter(*SCOPE_FIELDS)
+_NUMBER = (int, float)
+_KEY_TYPES = frozenset({str, type(None)})
+
+
+def scope_key(scope: Mapping[str, Any]) -> tuple[str | None, ...] | None:
+    """Return the exact cache key of a scope, or None when it has another shape.
+
+    Args:
+        scope: a scope mapping.
+
+    Returns:
+        The values in :data:`SCOPE_FIELDS` order when the scope has exactly those
+        nine keys and every value is ``str`` or ``None``; else None (the cache then
+        keys by canonical JSON).
+    """
+    if len(scope) != len(SCOPE_FIELDS):
+        return None
+    try:
+        values: tuple[Any, ...] = _scope_values(scope)
+    except (KeyError, TypeError):
+        return None
+    if not _KEY_TYPES.issuperset(map(type, values)):
+        return None
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """May a scope be cached, and at what eviction priority.
+
+    Attributes:
+        allow: admit the request.
+        cache: keep its blocks cached after release (False: zeroize at release).
+        priority: eviction priority (0-100; lower is evicted first).
+        reason: the policy's reason.
+        decision: the underlying decision (id, revision, error) for audit.
+    """
+
+    allow: bool
+    cache: bool
+    priority: int
+    reason: str
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class SharingDecision:
+    """May a requester reuse blocks an owner cached.
+
+    Attributes:
+        allow: reuse is allowed.
+        reason: the policy's reason.
+        decision: the underlying decision.
+    """
+
+    allow: bool
+    reason: str
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroups:
+    """The share-group namespaces of a scope.
+
+    Attributes:
+        publish: the group whose namespace this scope's blocks are keyed in; None
+            for the tenant's own namespace.
+        read: the groups whose blocks this scope may look up.
+        decision: the underlying decision.
+    """
+
+    publish: str | None
+    read: tuple[str, ...]
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDecision:
+    """How long an idle cached block of a scope may live.
+
+    Attributes:
+        ttl_seconds: seconds (0: evict as soon as it is released).
+        decision: the underlying decision.
+    """
+
+    ttl_seconds: float
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadDecision:
+    """May a scope's blocks move to a slower tier.
+
+    Attributes:
+        allow: offload is allowed.
+        reason: the policy's reason.
+        decision: the underlying decision.
+    """
+
+    allow: bool
+    reason: str
+    decision: Decision
+
+
+def _malformed(decision: Decision, what: str) -> Decision:
+    """The same decision, denied, with the shape error as its error."""
+    if decision.error is not None:
+        return decision
+    error = f"wrong-shaped result from {decision.path}: {what}"
+    if decision.result is None:
+        error = f"undefined result from {decision.path}"
+    return dataclasses.replace(decision, allow=False, error=error, reason=f"policy error: {error}")
+
+
+def _allow_reason(d: Decision) -> tuple[bool, str, Decision]:
+    """Read an {allow, reason} result, or deny with the shape error."""
+    r = d.result
+    if (
+        d.error is None
+        and type(r) is dict
+        and type(r.get("allow")) is bool
+        and type(r.get("reason")) is str
+    ):
+        return r["allow"], r["reason"], d
+    d = _malformed(d, "expected {allow: bool, reason: str}")
+    return False, d.reason, d
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int or (type(x) is float and x.is_integer())
+
+
+class PolicyClient:
+    """Typed, fail-closed policy decisions for the govern layer.
+
+    Args:
+        engine: the engine; a :class:`~policy.cache.CachedEngine` is used as is,
+            any other engine is wrapped in one of ``cache_size`` decisions.
+        cache_size: decisions cached when wrapping (0: no cache).
+    """
+
+    def __init__(self, engine: PolicyEngine, *, cache_size: int = DECISION_CACHE_SIZE) -> None:
+        if isinstance(engine, CachedEngine):
+            self._cached = engine
+        else:
+            self._cached = CachedEngine(engine, cache_size)
+        # Typed results of cached decisions, by decision_id: a cache hit returns the
+        # very same Decision object, so its typed form is reused instead of being
+        # re-checked and rebuilt (the identity check makes a stale entry harmless).
+        self._typed: dict[str, Any] = {}
+        self._typed_max = max(cache_size, 1024)
+
+    def _memo(self, d: Decision) -> Any:
+        t = self._typed.get(d.decision_id)
+        if t is not None and t.decision is d:
+            return t
+        return None
+
+    def _remember(self, d: Decision, typed: Any) -> None:
+        if d.cached and typed.decision is d:
+            if len(self._typed) >= self._typed_max:
+                self._typed.clear()
+            self._typed[d.decision_id] = typed
+
+    @classmethod
+    def create(
+        cls,
+        policy_dir: str | Path | None = None,
+        policy_data: Mapping[str, Any] | None = None,
+        engine: str | PolicyEngine = "embedded",
+        *,
+        cache_size: int = DECISION_CACHE_SIZE,
+        run_tests: bool = True,
+        opa_url: str | None = None,
+        opa_token: str | None = None,
+        opa_timeout: float = OPA_TIMEOUT_SECONDS,
+    ) -> PolicyClient:
+        """Build a client over the embedded engine, an OPA server, or a given engine.
+
+        Args:
+            policy_dir: bundle directory for the embedded engine (None: bundled).
+            policy_data: data deep-merged over data.json (embedded engine).
+            engine: ``"embedded"``, ``"opa-server"`` (needs ``opa_url``), or an engine.
+            cache_size: decisions cached (0: none).
+            run_tests: run the bundle's tests before activating it (embedded).
+            opa_url: the OPA server URL, e.g. ``http://127.0.0.1:8181``.
+            opa_token: bearer token for the OPA server.
+            opa_timeout: seconds the OPA server has per decision.
+
+        Returns:
+            The client.
+
+        Raises:
+            PolicyLoadError: the bundle does not load (embedded engine).
+            PolicyTestFailure: a bundle test failed (embedded engine).
+            PolicyError: an unknown engine name, or ``opa-server`` without a URL.
+        """
+        inner: PolicyEngine
+        if engine == "embedded":
+            inner = EmbeddedEngine(policy_dir, policy_data, run_tests=run_tests)
+        elif engine == "opa-server":
+            if opa_url is None:
+                raise PolicyError("engine='opa-server' needs opa_url, e.g. http://127.0.0.1:8181")
+            from policy.opa_server import OpaServerEngine
+
+            inner = OpaServerEngine(opa_url, token=opa_token, timeout=opa_timeout)
+        elif isinstance(engine, str):
+            raise PolicyError(f"unknown engine {engine!r}: use 'embedded' or 'opa-server'")
+        else:
+            inner = engine
+        return cls(inner, cache_size=cache_size)
+
+    @property
+    def engine(self) -> CachedEngine:
+        """The cached engine decisions go through."""
+        return self._cached
+
+    @property
+    def bundle_revision(self) -> str:
+        """The active bundle's revision."""
+        return self._cached.bundle_revision
+
+    def cache_stats(self) -> CacheStats:
+        """Return the decision cache's hits, misses and size."""
+        return self._cached.stats()
+
+    def _ask(self, path: str, input: Mapping[str, Any], key: Hashable | None) -> Decision:
+        return self._cached.evaluate(path, input, key=key)
+
+    def admission(
+        self, scope: Mapping[str, Any], tokens: int, priority: int | None
+    ) -> AdmissionDecision:
+        """Decide whether a request's KV state may be cached.
+
+        Args:
+            scope: the request's scope.
+            tokens: tokens in the request.
+            priority: requested eviction priority, or None for the policy's.
+
+        Returns:
+            The decision; fails closed (allow and cache False) on any error.
+        """
+        sk = scope_key(scope)
+        key = None
+        if sk is not None and type(tokens) is int and (priority is None or type(priority) is int):
+            key = (sk, tokens, priority)
+        d = self._ask(ADMISSION_PATH, {"scope": scope, "tokens": tokens, "priority": priority}, key)
+        memo: AdmissionDecision | None = self._memo(d)
+        if memo is not None:
+            return memo
+        r = d.result
+        if (
+            d.error is None
+            and type(r) is dict
+            and type(r.get("allow")) is bool
+            and type(r.get("cache")) is bool
+            and _is_int(r.get("priority"))
+            and MIN_PRIORITY <= r["priority"] <= MAX_PRIORITY
+            and type(r.get("reason")) is str
+        ):
+            allow = r["allow"]
+            typed = AdmissionDecision(
+                allow=allow,
+                cache=allow and r["cache"],
+                priority=int(r["priority"]),
+                reason=r["reason"],
+                decision=d,
+            )
+            self._remember(d, typed)
+            return typed
+        d = _malformed(d, "expected {allow: bool, cache: bool, priority: int 0-100, reason: str}")
+        return AdmissionDecision(allow=False, cache=False, priority=0, reason=d.reason, decision=d)
+
+    def sharing(self, requester: Mapping[str, Any], owner: Mapping[str, Any]) -> SharingDecision:
+        """Decide whether ``requester`` may reuse blocks ``owner`` cached.
+
+        Args:
+            requester: the scope asking.
+            owner: the scope that cached the blocks.
+
+        Returns:
+            The decision; fails closed (allow False) on any error.
+        """
+        rk, ok = scope_key(requester), scope_key(owner)
+        key = (rk, ok) if rk is not None and ok is not None else None
+        d = self._ask(SHARING_PATH, {"requester": requester, "owner": owner}, key)
+        memo: SharingDecision | None = self._memo(d)
+        if memo is not None:
+            return memo
+        allow, reason, checked = _allow_reason(d)
+        typed = SharingDecision(allow=allow, reason=reason, decision=checked)
+        self._remember(d, typed)
+        return typed
+
+    def offload(self, scope: Mapping[str, Any], tier: str) -> OffloadDecision:
+        """Decide whether a scope's blocks may move to ``tier``.
+
+        Args:
+            scope: the blocks' scope.
+            tier: the target tier (``"cpu"``, ``"disk"``, ...).
+
+        Returns:
+            The decision; fails closed (allow False) on any error.
+        """
+        sk = scope_key(scope)
+        key = (sk, tier) if sk is not None and type(tier) is str else None
+        d = self._ask(OFFLOAD_PATH, {"scope": scope, "tier": tier}, key)
+        memo: OffloadDecision | None = self._memo(d)
+        if memo is not None:
+            return memo
+        allow, reason, checked = _allow_reason(d)
+        typed = OffloadDecision(allow=allow, reason=reason, decision=checked)
+        self._remember(d, typed)
+        return typed
+
+    def share_groups(self, scope: Mapping[str, Any]) -> ShareGroups:
+        """Return the share-group namespaces a scope publishes in and reads from.
+
+        Args:
+            scope: the scope.
+
+        Returns:
+            The groups; fails closed (publish None, read empty) on any error.
+        """
+        d = self._ask(GROUPS_PATH, {"scope": scope}, scope_key(scope))
+        memo: ShareGroups | None = self._memo(d)
+        if memo is not None:
+            return memo
+        r = d.result
+        if d.error is None and type(r) is dict:
+            publish, read = r.get("publish", ()), r.get("read")
+            if (
+                (publish is None or type(publish) is str)
+                and type(read) is list
+                and all(type(g) is str for g in read)
+            ):
+                typed = ShareGroups(publish=publish, read=tuple(read), decision=d)
+                self._remember(d, typed)
+                return typed
+        d = _malformed(d, "expected {publish: str | null, read: [str]}")
+        return ShareGroups(publish=None, read=(), decision=d)
+
+    def retention(self, scope: Mapping[str, Any]) -> RetentionDecision:
+        """Return how long an idle cached block of a scope may live.
+
+        Args:
+            scope: the scope.
+
+        Returns:
+            The TTL; fails closed (0 seconds) on any error.
+        """
+        d = self._ask(RETENTION_PATH, {"scope": scope}, scope_key(scope))
+        memo: RetentionDecision | None = self._memo(d)
+        if memo is not None:
+            return memo
+        r = d.result
+        if d.error is None and type(r) is dict:
+            ttl: Any = r.get("ttl_seconds")
+            if type(ttl) in _NUMBER and math.isfinite(ttl) and ttl >= 0:
+                typed = RetentionDecision(ttl_seconds=ttl, decision=d)
+                self._remember(d, typed)
+                return typed
+        d = _malformed(d, "expected {ttl_seconds: number >= 0}")
+        return RetentionDecision(ttl_seconds=0, decision=d)
+
+    def classifications(self) -> frozenset[str]:
+        """Return the classification labels the policy knows.
+
+        Returns:
+            The labels; an empty set on any error (every label is then unknown).
+        """
+        d = self._ask(CLASSIFICATIONS_PATH, {}, ())
+        r = d.result
+        if d.error is None and type(r) is list and all(type(c) is str for c in r):
+            return frozenset(r)
+        return frozenset()
+
+    def reload(
+        self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None
+    ) -> str:
+        """Reload the embedded engine's bundle atomically (see EmbeddedEngine.reload).
+
+        Args:
+            policy_dir: new bundle directory; None keeps the current one.
+            policy_data: new data over data.json; None keeps the current data.
+
+        Returns:
+            The new revision.
+
+        Raises:
+            PolicyLoadError: the new bundle does not load; the old one stays active.
+            PolicyTestFailure: its tests fail; the old one stays active.
+            PolicyError: the engine cannot reload (an OPA server reloads itself).
+        """
+        inner = self._cached.engine
+        if not isinstance(inner, EmbeddedEngine):
+            raise PolicyError(
+                f"the {inner.name} engine cannot reload here; load bundles into the server"
+            )
+        return inner.reload(policy_dir, policy_data)
+
+    def close(self) -> None:
+        """Close the cache and the engine."""
+        self._cached.close()

@@ -1,0 +1,116 @@
+package kvgov.admission_test
+
+import rego.v1
+
+import data.kvgov.admission
+import data.kvgov.fixtures
+
+request := {"scope": fixtures.scope, "tokens": 128, "priority": null}
+
+test_internal_scope_is_admitted_and_cached if {
+	admission.decision == {"allow": true, "cache": true, "priority": 50, "reason": "admitted"} with input as request
+}
+
+test_restricted_is_admitted_but_never_cached if {
+	d := admission.decision with input as object.union(request, {"scope": fixtures.restricted_scope})
+	d.allow
+	d.cache == false
+}
+
+test_restricted_not_cached_even_if_tenant_asks if {
+	d := admission.decision with input as object.union(request, {"scope": fixtures.restricted_scope})
+		with data.kvgov.config.tenants as {"acme": {"cache": true}}
+	d.cache == false
+}
+
+test_unknown_classification_is_denied if {
+	d := admission.decision with input as object.union(request, {"scope": object.union(fixtures.scope, {"classification": "secret"})})
+	not d.allow
+	not d.cache
+	contains(d.reason, "unknown classification secret")
+}
+
+test_every_missing_scope_field_is_denied if {
+	every f in object.keys(fixtures.scope) {
+		d := admission.decision with input as {"scope": object.remove(fixtures.scope, [f]), "tokens": 1, "priority": null}
+		d.allow == false
+		d.cache == false
+	}
+}
+
+test_missing_scope_is_denied if {
+	not admission.decision.allow with input as {"tokens": 1, "priority": null}
+}
+
+test_empty_input_is_denied if {
+	not admission.decision.allow with input as {}
+}
+
+test_negative_tokens_are_denied if {
+	d := admission.decision with input as object.union(request, {"tokens": -1})
+	not d.allow
+	d.reason == "tokens must be a non-negative integer"
+}
+
+test_fractional_tokens_are_denied if {
+	not admission.decision.allow with input as object.union(request, {"tokens": 1.5})
+}
+
+test_string_tokens_are_denied if {
+	not admission.decision.allow with input as object.union(request, {"tokens": "12"})
+}
+
+test_priority_out_of_range_is_denied if {
+	not admission.decision.allow with input as object.union(request, {"priority": 101})
+}
+
+test_requested_priority_is_used if {
+	admission.decision.priority == 80 with input as object.union(request, {"priority": 80})
+}
+
+test_absent_priority_uses_default if {
+	admission.decision.priority == 50 with input as object.remove(request, ["priority"])
+}
+
+test_tenant_default_priority if {
+	admission.decision.priority == 20 with input as request
+		with data.kvgov.config.tenants as {"acme": {"priority": 20}}
+}
+
+test_default_priority_from_data if {
+	admission.decision.priority == 70 with input as request
+		with data.kvgov.config.default_priority as 70
+}
+
+test_admission_disabled_for_tenant if {
+	d := admission.decision with input as request
+		with data.kvgov.config.tenants as {"acme": {"admission": false}}
+	not d.allow
+	d.reason == "admission disabled for tenant acme"
+}
+
+test_other_tenant_not_affected_by_override if {
+	admission.decision.allow with input as request
+		with data.kvgov.config.tenants as {"globex": {"admission": false}}
+}
+
+test_tenant_cache_disabled if {
+	d := admission.decision with input as request
+		with data.kvgov.config.tenants as {"acme": {"cache": false}}
+	d.allow
+	not d.cache
+}
+
+test_tenant_max_tokens if {
+	not admission.decision.allow with input as object.union(request, {"tokens": 5000})
+		with data.kvgov.config.tenants as {"acme": {"max_tokens": 4096}}
+	admission.decision.allow with input as object.union(request, {"tokens": 4096})
+		with data.kvgov.config.tenants as {"acme": {"max_tokens": 4096}}
+}
+
+test_decision_always_has_all_fields if {
+	every i in [request, {}, {"scope": "x"}] {
+		d := admission.decision with input as i
+		object.keys(d) == {"allow", "cache", "priority", "reason"}
+	}
+}

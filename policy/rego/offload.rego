@@ -1,0 +1,53 @@
+# Offload: may this scope's KV blocks be moved to a slower tier (CPU memory, disk)?
+#
+# input:  {scope, tier}
+# output: decision = {allow, reason}
+#
+# Hard rules: an invalid scope is denied; `restricted` is never offloaded. Otherwise
+# the tier must be listed for the classification in offload_tiers, and the tenant
+# must not have "offload": false.
+package kvgov.offload
+
+import rego.v1
+
+import data.kvgov.scope
+
+scope_valid if scope.valid(input.scope)
+
+tenant := object.get(data.kvgov.config, ["tenants", input.scope.tenant], {})
+
+valid_tier if scope.non_empty_string(input.tier)
+
+allowed_tiers := object.get(data.kvgov.config, ["offload_tiers", input.scope.classification], [])
+
+deny contains msg if {
+	not scope_valid
+	msg := scope.invalid(object.get(input, "scope", null))
+}
+
+deny contains "tier must be a non-empty string" if not valid_tier
+
+deny contains "restricted data is never offloaded" if input.scope.classification == "restricted"
+
+deny contains msg if {
+	tenant.offload == false
+	msg := sprintf("offload disabled for tenant %v", [input.scope.tenant])
+}
+
+deny contains msg if {
+	valid_tier
+	input.scope.classification != "restricted"
+	not input.tier in allowed_tiers
+	msg := sprintf("tier %v is not allowed for %v data", [input.tier, input.scope.classification])
+}
+
+default decision := {"allow": false, "reason": "offload input not understood (fail closed)"}
+
+decision := {"allow": false, "reason": concat("; ", sort(deny))} if count(deny) > 0
+
+decision := {"allow": true, "reason": sprintf("%v data may be offloaded to %v", [input.scope.classification, input.tier])} if {
+	scope_valid
+	valid_tier
+	input.tier in allowed_tiers
+	count(deny) == 0
+}

@@ -1,0 +1,46 @@
+package kvgov.offload_test
+
+import rego.v1
+
+import data.kvgov.fixtures
+import data.kvgov.offload
+
+test_internal_to_cpu_is_allowed if {
+	offload.decision.allow with input as {"scope": fixtures.scope, "tier": "cpu"}
+}
+
+test_internal_to_disk_is_denied if {
+	d := offload.decision with input as {"scope": fixtures.scope, "tier": "disk"}
+	not d.allow
+	d.reason == "tier disk is not allowed for internal data"
+}
+
+test_public_to_disk_is_allowed if {
+	offload.decision.allow with input as {"scope": fixtures.public_scope, "tier": "disk"}
+}
+
+test_restricted_is_never_offloaded if {
+	d := offload.decision with input as {"scope": fixtures.restricted_scope, "tier": "cpu"}
+		with data.kvgov.config.offload_tiers.restricted as ["cpu"]
+	not d.allow
+	d.reason == "restricted data is never offloaded"
+}
+
+test_tenant_offload_disabled if {
+	not offload.decision.allow with input as {"scope": fixtures.scope, "tier": "cpu"}
+		with data.kvgov.config.tenants as {"acme": {"offload": false}}
+}
+
+test_missing_tier_is_denied if {
+	not offload.decision.allow with input as {"scope": fixtures.scope}
+	not offload.decision.allow with input as {"scope": fixtures.scope, "tier": ""}
+}
+
+test_invalid_scope_is_denied if {
+	not offload.decision.allow with input as {"scope": object.remove(fixtures.scope, ["tenant"]), "tier": "cpu"}
+}
+
+test_unknown_classification_is_denied if {
+	not offload.decision.allow with input as {"scope": object.union(fixtures.scope, {"classification": "secret"}), "tier": "cpu"}
+		with data.kvgov.config.offload_tiers.secret as ["cpu"]
+}

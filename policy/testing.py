@@ -1,0 +1,148 @@
+"""Running a bundle's Rego unit tests (``test_`` rules) in the embedded engine.
+
+Tests follow OPA's conventions so the same files pass ``opa test`` where OPA is
+installed: a test is a rule whose name starts with ``test_``, in any package of a
+``*_test.rego`` file, written at the start of a line (as ``opa fmt`` writes it). A
+test passes when it is defined and not ``false``; it fails when it is undefined
+(a condition did not hold), ``false``, or raises an error. Tests see the bundle's
+own data.json (never the caller's ``policy_data``), as ``opa test DIR`` does.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
+
+__all__ = ["RegoTestReport", "RegoTestResult", "discover_tests", "run_bundle_tests", "run_tests"]
+
+_PACKAGE = re.compile(r"^package\s+([A-Za-z_][\w.]*)", re.M)
+_TEST_RULE = re.compile(r"^(test_\w+)\b(?!\s*\()", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class RegoTestResult:
+    """The outcome of one ``test_`` rule.
+
+    Attributes:
+        file: the test module, relative to the bundle directory.
+        package: the Rego package, e.g. ``kvgov.admission_test``.
+        name: the rule name, e.g. ``test_restricted_is_never_cached``.
+        passed: whether it passed.
+        detail: why it failed (``undefined``, ``false`` or the engine error);
+            empty when it passed.
+        seconds: evaluation time.
+    """
+
+    file: str
+    package: str
+    name: str
+    passed: bool
+    detail: str
+    seconds: float
+
+    @property
+    def qualified_name(self) -> str:
+        """``package.name``, e.g. ``kvgov.admission_test.test_x``."""
+        return f"{self.package}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class RegoTestReport:
+    """Every test of one bundle run.
+
+    Attributes:
+        results: one per ``test_`` rule, in file then source order.
+    """
+
+    results: tuple[RegoTestResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when every test passed (and there was at least one)."""
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        """Qualified names of the failing tests."""
+        return tuple(r.qualified_name for r in self.results if not r.passed)
+
+
+def discover_tests(files: tuple[PolicyFile, ...]) -> list[tuple[PolicyFile, str, str]]:
+    """Find the ``test_`` rules of test modules.
+
+    Args:
+        files: the test modules.
+
+    Returns:
+        ``(file, package, rule name)`` for each test, each name once per package.
+    """
+    found: list[tuple[PolicyFile, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for f in files:
+        m = _PACKAGE.search(f.source)
+        if m is None:
+            continue
+        package = m.group(1)
+        for name in _TEST_RULE.findall(f.source):
+            if (package, name) not in seen:
+                seen.add((package, name))
+                found.append((f, package, name))
+    return found
+
+
+def run_bundle_tests(
+    bundle: Bundle, *, clock: Callable[[], float] = time.perf_counter
+) -> RegoTestReport:
+    """Run every ``test_`` rule of a loaded bundle.
+
+    Args:
+        bundle: the bundle (its test modules and data.json are used).
+        clock: the timer for per-test seconds.
+
+    Returns:
+        The report; a bundle without tests gives an empty report (which has not
+        ``passed``: a bundle that tests nothing is not accepted as tested).
+
+    Raises:
+        PolicyLoadError: a test module does not parse.
+    """
+    engine = bundle.new_engine(with_tests=True)
+    results: list[RegoTestResult] = []
+    for f, package, name in discover_tests(bundle.tests):
+        start = clock()
+        try:
+            value = engine.eval_rule(f"data.{package}.{name}")
+            detail = "undefined" if value is None else "false" if value is False else ""
+        except Exception as exc:
+            detail = f"error: {regorus_error(exc, default_file=f.path)}"
+        results.append(
+            RegoTestResult(
+                file=f.name,
+                package=package,
+                name=name,
+                passed=detail == "",
+                detail=detail,
+                seconds=clock() - start,
+            )
+        )
+    return RegoTestReport(results=tuple(results))
+
+
+def run_tests(policy_dir: str | Path | None = None) -> RegoTestReport:
+    """Load a bundle (without activating it) and run its tests.
+
+    Args:
+        policy_dir: the bundle directory; None for the bundled policy.
+
+    Returns:
+        The report.
+
+    Raises:
+        PolicyLoadError: the bundle does not load (syntax, compile or data error).
+    """
+    return run_bundle_tests(load_bundle(policy_dir, run_tests=False))
