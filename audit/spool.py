@@ -144,7 +144,7 @@ class Spool:
         """
         try:
             return self.path.stat().st_size > 0
-        except FileNotFoundError:
+        except OSError:  # missing, or a path that cannot exist: nothing to replay
             return False
 
     def append(

@@ -245,7 +245,7 @@ class AuditLog:
                 self._key.public_raw,
                 self._key.origin,
                 stream,
-                int(clock() * 1_000_000),
+                round(clock() * 1_000_000),
             )
         ]
         self._spool_dirty = self._spool.exists()
@@ -306,7 +306,7 @@ class AuditLog:
                 raise AuditUnavailable("the audit log is closed")
             seq = self._next_seq
             self._next_seq = seq + 1
-            self._dq.append((seq, int(self._clock() * 1_000_000), event))
+            self._dq.append((seq, round(self._clock() * 1_000_000), event))
         if event.type in CRITICAL_EVENT_TYPES:
             self._write_through(seq)
         else:
@@ -431,7 +431,7 @@ class AuditLog:
         sig = self._key.sign(checkpoint_message(self._stream, seq, chain))
         self._pending_cps.append(
             CheckpointRecord(
-                self._stream, seq, chain, sig, self._key.key_id, int(self._clock() * 1_000_000)
+                self._stream, seq, chain, sig, self._key.key_id, round(self._clock() * 1_000_000)
             )
         )
         self._last_cp_seq = seq

@@ -1,0 +1,66 @@
+"""AuditEvent validation: typed, JSON-only, never tokens or text."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit import CRITICAL_EVENT_TYPES, AuditEvent, EventType
+from kvgov.exceptions import InvalidAuditEvent
+
+
+@pytest.mark.parametrize("key", ["tokens", "token_ids", "text", "prompt", "Prompt", "input_ids"])
+def test_forbidden_detail_keys_are_refused(key: str) -> None:
+    """A details key that would hold tokens or text raises InvalidAuditEvent."""
+    with pytest.raises(InvalidAuditEvent, match="never audited"):
+        AuditEvent(EventType.ADMISSION, details={key: [1, 2, 3]})
+
+
+def test_forbidden_keys_are_refused_when_nested() -> None:
+    """Forbidden keys are found at any depth, inside lists too."""
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent(EventType.ADMISSION, details={"a": [{"b": {"text": "hi"}}]})
+
+
+def test_unknown_type_is_refused() -> None:
+    """An event type outside EventType is a typed error."""
+    with pytest.raises(InvalidAuditEvent, match="unknown event type"):
+        AuditEvent("made_up")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), object(), b"bytes", {1: "x"}])
+def test_non_json_details_are_refused(value: object) -> None:
+    """Details must be finite JSON with string keys."""
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent(EventType.ADMISSION, details={"v": value})
+
+
+def test_integral_floats_become_ints_and_details_are_copied() -> None:
+    """1e20 is stored as an int (JSONB-stable) and later caller edits do not leak in."""
+    src = {"big": 1e20, "half": 0.5, "inner": {"n": 2.0}}
+    ev = AuditEvent(EventType.ADMISSION, details=src)
+    src["inner"]["n"] = 99  # type: ignore[index]
+    assert ev.details == {"big": 10**20, "half": 0.5, "inner": {"n": 2}}
+    assert type(ev.details["big"]) is int
+
+
+def test_block_ids_and_counts_are_checked() -> None:
+    """Block ids are coerced to a tuple of non-negative ints; counts must be non-negative."""
+    assert AuditEvent(EventType.RELEASE, block_ids=[3, 4]).block_ids == (3, 4)  # type: ignore[arg-type]
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent(EventType.RELEASE, block_ids=(-1,))
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent(EventType.RELEASE, token_count=-5)
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent(EventType.RELEASE, tenant=5)  # type: ignore[arg-type]
+
+
+def test_critical_types_are_the_security_events() -> None:
+    """The synchronous set is exactly the contract's six security-critical types."""
+    assert {
+        "policy_denied",
+        "policy_error",
+        "cross_tenant_reuse",
+        "share_denied",
+        "erasure",
+        "zeroization_failure",
+    } == set(CRITICAL_EVENT_TYPES)

@@ -1,0 +1,190 @@
+"""verify(): every kind of tampering is found (after the attacker drops the triggers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from audit import AuditLog, load_public_key, verify
+from audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
+from audit.signing import generate_key_files
+from audit.store import normalize_url
+
+from .conftest import attacker, sample_event
+
+Populate = Callable[..., AuditLog]
+W = "stream = 'w1'"
+
+
+def _first(url: str) -> tuple[int, str]:
+    report = verify(url)
+    assert not report.ok
+    bad = report.streams[0].first_bad
+    assert bad is not None
+    return bad.seq, bad.kind
+
+
+def test_untouched_log_verifies(db_url: str, populate: Populate) -> None:
+    """A log nobody touched verifies, with its checkpoints reported untrusted."""
+    populate(db_url, 25)
+    report = verify(db_url)
+    assert report.ok and report.events == 25 and report.checkpoints == 3
+    assert report.untrusted_checkpoints == 3
+
+
+def test_edited_field_is_detected(db_url: str, populate: Populate) -> None:
+    """Changing one stored field of one event is reported at that event."""
+    populate(db_url, 25)
+    attacker(db_url, f"UPDATE audit_events SET requester_tenant = 'evil' WHERE {W} AND seq = 7")
+    assert _first(db_url) == (7, "hash_mismatch")
+
+
+def test_edited_details_are_detected(db_url: str, populate: Populate) -> None:
+    """Changing the JSON details is detected even though JSONB reorders keys."""
+    populate(db_url, 25)
+    attacker(db_url, f"UPDATE audit_events SET block_ids = '[1, 2, 3]' WHERE {W} AND seq = 3")
+    assert _first(db_url) == (3, "hash_mismatch")
+
+
+def test_deleted_row_is_detected(db_url: str, populate: Populate) -> None:
+    """Deleting an event shows as a gap at the next event."""
+    populate(db_url, 25)
+    attacker(db_url, f"DELETE FROM audit_events WHERE {W} AND seq = 12")
+    assert _first(db_url) == (13, "seq_gap")
+
+
+def test_inserted_row_is_detected(db_url: str, populate: Populate) -> None:
+    """Inserting an event (renumbering the ones after it) breaks the chain there."""
+    populate(db_url, 25)
+    cols = (
+        "stream, time_us, type, tenant, requester_tenant, classification, model, "
+        "model_revision, adapter, adapter_revision, tokenizer, tokenizer_revision, "
+        "template_version, sequence_id, token_count, reused_tokens, decision_id, "
+        "policy_revision, block_ids, details, prev_hash, hash"
+    )
+    attacker(
+        db_url,
+        f"UPDATE audit_events SET seq = seq + 1000 WHERE {W} AND seq > 5",
+        f"UPDATE audit_events SET seq = seq - 999 WHERE {W} AND seq > 1000",
+        f"INSERT INTO audit_events (seq, {cols}) SELECT 6, {cols} FROM audit_events "
+        f"WHERE {W} AND seq = 5",
+    )
+    assert _first(db_url) == (6, "broken_link")
+
+
+def test_swapped_rows_are_detected(db_url: str, populate: Populate) -> None:
+    """Swapping the order of two events is reported at the first of them."""
+    populate(db_url, 25)
+    attacker(
+        db_url,
+        f"UPDATE audit_events SET seq = -3 WHERE {W} AND seq = 3",
+        f"UPDATE audit_events SET seq = 3 WHERE {W} AND seq = 4",
+        f"UPDATE audit_events SET seq = 4 WHERE {W} AND seq = -3",
+    )
+    assert _first(db_url) == (3, "broken_link")
+
+
+def test_tail_cut_before_a_checkpoint_is_detected(db_url: str, populate: Populate) -> None:
+    """Events removed up to a surviving checkpoint are reported as cut off."""
+    populate(db_url, 25)  # checkpoints at 10, 20, 25
+    attacker(
+        db_url,
+        f"DELETE FROM audit_events WHERE {W} AND seq > 15",
+        f"DELETE FROM audit_checkpoints WHERE {W} AND seq = 25",
+    )
+    assert _first(db_url) == (20, "checkpoint_beyond_end")
+
+
+def test_tail_cut_with_its_checkpoints_is_not_detectable(db_url: str, populate: Populate) -> None:
+    """Documented limit: a cut back to a checkpoint, deleting later ones too, looks intact."""
+    populate(db_url, 25)
+    attacker(
+        db_url,
+        f"DELETE FROM audit_events WHERE {W} AND seq > 20",
+        f"DELETE FROM audit_checkpoints WHERE {W} AND seq > 20",
+    )
+    report = verify(db_url)
+    assert report.ok and report.streams[0].last_seq == 20
+
+
+def test_rewritten_chain_is_caught_by_checkpoints(db_url: str, populate: Populate) -> None:
+    """An attacker who edits an event and recomputes every later hash fails the checkpoint."""
+    populate(db_url, 25)
+    engine = create_engine(normalize_url(db_url))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT seq, time_us, type, tenant, requester_tenant, classification, model, "
+                "model_revision, adapter, adapter_revision, tokenizer, tokenizer_revision, "
+                "template_version, sequence_id, token_count, reused_tokens, decision_id, "
+                "policy_revision FROM audit_events WHERE stream = 'w1' ORDER BY seq"
+            )
+        ).all()
+    engine.dispose()
+    prev = GENESIS_HASH
+    stmts = []
+    for r in rows:
+        ev = sample_event(r[0] - 1)
+        head = ("w1", *r)
+        if r[0] == 4:
+            head = (*head[:4], "forged", *head[5:])  # tenant column
+        bids = "[" + ",".join(str(b) for b in ev.block_ids) + "]"
+        det = f'{{"i":{r[0] - 1},"note":"ok"}}'
+        h = chain_hash(prev, canonical_event_bytes(head, bids, det))
+        if r[0] >= 4:
+            tenant = "'forged'" if r[0] == 4 else f"'{head[4]}'"
+            stmts.append(
+                f"UPDATE audit_events SET tenant = {tenant}, prev_hash = {_lit(db_url, prev)}, "
+                f"hash = {_lit(db_url, h)} WHERE {W} AND seq = {r[0]}"
+            )
+        prev = h
+    attacker(db_url, *stmts)
+    assert _first(db_url) == (10, "checkpoint_mismatch")
+
+
+def _lit(url: str, b: bytes) -> str:
+    return f"'\\x{b.hex()}'::bytea" if url.startswith("postgresql") else f"X'{b.hex()}'"
+
+
+def test_forged_checkpoint_signature_is_detected(db_url: str, populate: Populate) -> None:
+    """A checkpoint whose signature was altered fails."""
+    populate(db_url, 25)
+    zero = _lit(db_url, bytes(64))
+    attacker(db_url, f"UPDATE audit_checkpoints SET signature = {zero} WHERE seq = 10")
+    assert _first(db_url) == (10, "bad_signature")
+
+
+def test_trusted_keys(db_url: str, tmp_path: Path, clock: object) -> None:
+    """With --public-key, the configured key is trusted and any other key fails."""
+    files = generate_key_files(tmp_path / "k.pem")
+    other = generate_key_files(tmp_path / "o.pem")
+    with AuditLog(db_url, "w1", signing_key=str(files.private), checkpoint_every=5) as log:
+        for i in range(10):
+            log.record(sample_event(i))
+    good = verify(db_url, [load_public_key(files.public)])
+    assert good.ok and good.untrusted_checkpoints == 0 and good.checkpoints == 2
+    bad = verify(db_url, [load_public_key(other.public)])
+    assert not bad.ok and bad.problems[0].kind == "untrusted_key"
+
+
+def test_signing_key_from_env(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVGOV_SIGNING_KEY may hold PEM text; its key id is the one checkpoints carry."""
+    files = generate_key_files(tmp_path / "k.pem")
+    monkeypatch.setenv("KVGOV_SIGNING_KEY", files.private.read_text())
+    with AuditLog(db_url, "w1") as log:
+        log.record(sample_event(0))
+        assert log.key_id == files.key_id
+    assert verify(db_url, [load_public_key(files.public)]).ok
+
+
+def test_many_streams_verify_independently(db_url: str, populate: Populate) -> None:
+    """Tampering with one stream leaves the others verified."""
+    populate(db_url, 12, worker_id="w1")
+    populate(db_url, 12, worker_id="w2")
+    attacker(db_url, f"UPDATE audit_events SET tenant = 'x' WHERE {W} AND seq = 2")
+    report = verify(db_url)
+    by = {s.stream: s for s in report.streams}
+    assert not by["w1"].ok and by["w2"].ok

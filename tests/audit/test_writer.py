@@ -1,0 +1,312 @@
+"""AuditLog: batching, synchronous critical events, restart, spool and replay."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from audit import AuditEvent, AuditLog, EventType, upgrade, verify
+from audit import store as store_mod
+from audit.store import normalize_url
+from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
+
+from .conftest import FixedClock, sample_event, scalar
+
+
+def _count(url: str, where: str = "1=1") -> int:
+    return int(scalar(url, f"SELECT count(*) FROM audit_events WHERE {where}"))  # type: ignore[arg-type]
+
+
+def test_record_returns_stream_and_seq_ids(db_url: str, tmp_path: Path) -> None:
+    """Event ids are "<stream>:<seq>", numbered from 1 without gaps."""
+    with AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl") as log:
+        ids = [log.record(sample_event(i)) for i in range(5)]
+    assert ids == [f"w1:{i}" for i in range(1, 6)]
+    assert _count(db_url) == 5
+
+
+def test_derived_stream_id_has_host_and_pid(db_url: str, tmp_path: Path) -> None:
+    """Without a worker id the stream is <hostname>-<pid>-<random>."""
+    import os
+
+    with AuditLog(db_url, spool_path=tmp_path / "s.jsonl") as log:
+        assert log.stream_id.startswith(f"{socket.gethostname()[:64]}-{os.getpid()}-")
+
+
+def test_critical_event_is_in_the_database_when_record_returns(db_url: str, tmp_path: Path) -> None:
+    """A critical event and everything queued before it are written before record returns."""
+    log = AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl")
+    try:
+        for i in range(100):
+            log.record(sample_event(i))
+        log.record(AuditEvent(EventType.ERASURE, tenant="acme", details={"bytes": 4096}))
+        assert _count(db_url) == 101
+        assert _count(db_url, "type = 'erasure' AND seq = 101") == 1
+    finally:
+        log.close()
+
+
+def test_flush_writes_queued_events(db_url: str, tmp_path: Path) -> None:
+    """flush() drains the queue; non-critical events are not written synchronously."""
+    log = AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl", batch_size=10_000)
+    try:
+        for i in range(50):
+            log.record(sample_event(i))
+        log.flush()
+        assert _count(db_url) == 50
+    finally:
+        log.close()
+
+
+def test_restart_continues_the_chain(db_url: str, tmp_path: Path, clock: FixedClock) -> None:
+    """A restarted worker with the same id continues from its last (seq, hash)."""
+    for _ in range(2):
+        with AuditLog(db_url, "w1", clock=clock, spool_path=tmp_path / "s.jsonl") as log:
+            for i in range(7):
+                log.record(sample_event(i))
+    assert _count(db_url) == 14
+    assert scalar(db_url, "SELECT max(seq) FROM audit_events") == 14
+    report = verify(db_url)
+    assert report.ok and report.streams[0].events == 14
+
+
+def test_checkpoints_every_n_and_at_close(db_url: str, tmp_path: Path) -> None:
+    """Checkpoints are signed at every N-th event and for the last event at close."""
+    with AuditLog(db_url, "w1", checkpoint_every=10, spool_path=tmp_path / "s.jsonl") as log:
+        for i in range(25):
+            log.record(sample_event(i))
+    engine = create_engine(normalize_url(db_url))
+    with engine.connect() as conn:
+        seqs = [r[0] for r in conn.execute(text("SELECT seq FROM audit_checkpoints ORDER BY seq"))]
+    engine.dispose()
+    assert seqs == [10, 20, 25]
+
+
+def test_record_after_close_and_wrong_type_are_refused(db_url: str, tmp_path: Path) -> None:
+    """A closed log refuses to record; a non-AuditEvent is a typed error."""
+    log = AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl")
+    with pytest.raises(InvalidAuditEvent):
+        log.record({"type": "admission"})  # type: ignore[arg-type]
+    log.close()
+    with pytest.raises(AuditUnavailable, match="closed"):
+        log.record(sample_event(0))
+
+
+def test_many_threads_keep_one_gapless_chain(db_url: str, tmp_path: Path) -> None:
+    """Concurrent callers get distinct seqs and the chain verifies."""
+    log = AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl", batch_size=64)
+
+    def work() -> None:
+        for i in range(200):
+            log.record(sample_event(i))
+            if i % 50 == 0:
+                log.record(AuditEvent(EventType.POLICY_DENIED, tenant="x"))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    assert _count(db_url) == 4 * 204
+    assert verify(db_url).ok
+
+
+# --------------------------------------------------------------------------- spool
+
+
+def _lock_sqlite(url: str) -> tuple[object, object]:
+    """Hold an exclusive lock so that every other writer fails: the database is 'down'."""
+    engine = create_engine(normalize_url(url))
+    conn = engine.raw_connection()
+    conn.driver_connection.isolation_level = None  # type: ignore[union-attr]
+    conn.cursor().execute("BEGIN EXCLUSIVE")
+    return engine, conn
+
+
+def test_sqlite_down_spools_and_replays(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While SQLite is locked, events (critical ones too) spool; they replay in order after."""
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    spool = tmp_path / "w1.spool.jsonl"
+    log = AuditLog(sqlite_url, "w1", spool_path=spool, retry_seconds=0.0, checkpoint_every=5)
+    for i in range(3):
+        log.record(sample_event(i))
+    log.flush()
+    engine, conn = _lock_sqlite(sqlite_url)
+    try:
+        for i in range(12):
+            log.record(sample_event(i))
+        log.record(AuditEvent(EventType.SHARE_DENIED, tenant="acme", requester_tenant="beta"))
+        assert spool.exists() and log.spooled
+        log.raise_if_unavailable()  # the spool works: still auditable
+    finally:
+        conn.rollback()  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+        engine.dispose()  # type: ignore[attr-defined]
+    log.flush()
+    assert not spool.exists() and not log.spooled
+    log.close()
+    assert _count(sqlite_url) == 16
+    report = verify(sqlite_url)
+    assert report.ok and report.streams[0].checkpoints == 4
+
+
+def test_leftover_spool_replays_on_restart(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spool left by a stopped worker is replayed when the same worker id starts again."""
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    spool = tmp_path / "w1.spool.jsonl"
+    log = AuditLog(sqlite_url, "w1", spool_path=spool, retry_seconds=3600)
+    log.record(sample_event(0))
+    log.flush()
+    engine, conn = _lock_sqlite(sqlite_url)
+    try:
+        for i in range(5):
+            log.record(sample_event(i))
+        log.close()  # database still down: the final events and checkpoint stay spooled
+    finally:
+        conn.rollback()  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+        engine.dispose()  # type: ignore[attr-defined]
+    assert spool.exists()
+    with AuditLog(sqlite_url, "w1", spool_path=spool) as log2:
+        assert log2.record(sample_event(9)) == "w1:7"
+    assert not spool.exists()
+    assert _count(sqlite_url) == 7 and verify(sqlite_url).ok
+
+
+def test_no_database_and_no_spool_raises(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With neither database nor spool writable, critical record and flush raise."""
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    log = AuditLog(sqlite_url, "w1", spool_path=blocker / "s.jsonl", retry_seconds=0.0)
+    engine, conn = _lock_sqlite(sqlite_url)
+    try:
+        log.record(sample_event(0))
+        with pytest.raises(AuditUnavailable):
+            log.record(AuditEvent(EventType.ERASURE, tenant="acme"))
+        with pytest.raises(AuditUnavailable):
+            log.raise_if_unavailable()
+        with pytest.raises(AuditUnavailable):
+            log.flush()
+    finally:
+        conn.rollback()  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+        engine.dispose()  # type: ignore[attr-defined]
+    log.flush()  # storage is back: the events kept in memory are written
+    log.raise_if_unavailable()
+    log.close()
+    assert _count(sqlite_url) == 2 and verify(sqlite_url).ok
+
+
+class TcpProxy:
+    """A TCP proxy on 127.0.0.1 that can be stopped (connections reset) and restarted."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._server: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", self.port))
+        srv.listen(16)
+        self._server = srv
+        threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
+
+    def _accept(self, srv: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):  # shutdown wakes the blocked accept()
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+@pytest.fixture()
+def proxy() -> Iterator[TcpProxy]:
+    """A stoppable TCP proxy in front of the test PostgreSQL server."""
+    from tests.conftest import PG_HOST, PG_PORT
+
+    p = TcpProxy((PG_HOST, PG_PORT))
+    p.start()
+    yield p
+    p.stop()
+
+
+@pytest.mark.postgres
+def test_postgresql_unreachable_spools_and_replays(
+    pg_url: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """With the connection to PostgreSQL really cut, events spool; they replay when it returns."""
+    upgrade(pg_url)
+    url = normalize_url(pg_url).set(port=proxy.port)
+    spool = tmp_path / "pg.spool.jsonl"
+    log = AuditLog(url, "w1", spool_path=spool, retry_seconds=0.0, checkpoint_every=4)
+    for i in range(5):
+        log.record(sample_event(i))
+    log.flush()
+    proxy.stop()  # real connection failure: connections reset, new ones refused
+    for i in range(6):
+        log.record(sample_event(i))
+    log.record(AuditEvent(EventType.CROSS_TENANT_REUSE, tenant="acme", requester_tenant="beta"))
+    assert spool.exists()
+    assert _count(pg_url) == 5  # nothing new reached the database
+    proxy.start()
+    log.flush()
+    assert not spool.exists()
+    log.close()
+    assert _count(pg_url) == 12
+    report = verify(pg_url)
+    assert report.ok and report.streams[0].last_seq == 12
