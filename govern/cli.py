@@ -1,0 +1,313 @@
+"""The ``kvgov`` command: demo, replay, capacity, and the policy / audit / db groups."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from allocator import KVSpec
+from allocator.sizing import capacity
+from audit.cli import audit_group, db_group
+from kvgov.exceptions import KVGovError
+from policy.cli import policy_group
+
+from .logs import configure_logging
+
+__all__ = ["main"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
+
+
+def _parse_bytes(text: str) -> int:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"{text!r}: give a size such as 40GiB, 512MiB or 1073741824")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise click.BadParameter(f"{text!r}: the memory budget must be positive")
+    return int(value)
+
+
+class _Main(click.Group):
+    """Turns kvgov's typed errors into one clear line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KVGovError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Main)
+@click.version_option(package_name="kvgov")
+def main() -> None:
+    """kvgov: governance for the KV cache of a multi-tenant LLM server."""
+    configure_logging()
+
+
+main.add_command(policy_group)
+main.add_command(audit_group)
+main.add_command(db_group)
+
+
+@main.command("capacity")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A Hugging Face config.json.",
+)
+@click.option("--layers", type=int, help="Decoder layers (without --config).")
+@click.option("--kv-heads", type=int, help="KV heads (without --config).")
+@click.option("--head-dim", type=int, help="Head dimension (without --config).")
+@click.option("--dtype", default=None, help="KV dtype: float16, bfloat16, float32, fp8.")
+@click.option("--memory", required=True, help="KV memory budget, e.g. 40GiB.")
+@click.option(
+    "--context",
+    "mean_context",
+    type=int,
+    required=True,
+    help="Mean tokens per sequence (prompt + output).",
+)
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def capacity_command(
+    config_path: str | None,
+    layers: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+    dtype: str | None,
+    memory: str,
+    mean_context: int,
+    block_size: int,
+    as_json: bool,
+) -> None:
+    """How many blocks, tokens and concurrent sequences fit in a KV memory budget.
+
+    Also shows how the figures change with fp8 KV and with other block sizes.
+    """
+    budget = _parse_bytes(memory)
+    if config_path is not None:
+        if any(v is not None for v in (layers, kv_heads, head_dim)):
+            raise click.UsageError("give either --config or --layers/--kv-heads/--head-dim")
+        try:
+            config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{config_path} is not JSON: {exc}") from None
+        if dtype is not None:
+            config = {**config, "torch_dtype": dtype}
+        base = KVSpec.from_hf_config(config, block_size=block_size)
+    else:
+        if layers is None or kv_heads is None or head_dim is None:
+            raise click.UsageError("give --config, or all of --layers, --kv-heads, --head-dim")
+        base = KVSpec(
+            layers, kv_heads, head_dim, block_size=block_size, dtype=_dtype(dtype or "float16")
+        )
+    rows = []
+    variants = [("as given", base)]
+    fp8 = _dtype("fp8")
+    if base.dtype != fp8:
+        variants.append(("fp8 KV", _replace(base, dtype=fp8)))
+    for size in (8, 16, 32, 64):
+        if size != base.block_size:
+            variants.append((f"block {size}", _replace(base, block_size=size)))
+    for label, spec in variants:
+        cap = capacity(spec, budget, mean_context)
+        rows.append(
+            {
+                "variant": label,
+                "dtype": str(spec.dtype).removeprefix("torch."),
+                "block_size": spec.block_size,
+                "bytes_per_token": spec.bytes_per_token,
+                "bytes_per_block": spec.bytes_per_block,
+                "blocks": cap.blocks,
+                "tokens": cap.tokens,
+                "concurrent_sequences": cap.sequences,
+            }
+        )
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"memory_bytes": budget, "mean_context": mean_context, "rows": rows}, indent=2
+            )
+        )
+        return
+    table = Table(title=f"KV capacity in {memory} at a mean context of {mean_context} tokens")
+    for col in (
+        "variant",
+        "dtype",
+        "block",
+        "bytes/token",
+        "bytes/block",
+        "blocks",
+        "tokens",
+        "sequences",
+    ):
+        table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
+    for r in rows:
+        table.add_row(
+            r["variant"],
+            r["dtype"],
+            str(r["block_size"]),
+            f"{r['bytes_per_token']:,}",
+            f"{r['bytes_per_block']:,}",
+            f"{r['blocks']:,}",
+            f"{r['tokens']:,}",
+            f"{r['concurrent_sequences']:,}",
+        )
+    Console().print(table)
+
+
+def _dtype(name: str) -> Any:
+    from allocator.spec import parse_dtype
+
+    return parse_dtype(name)
+
+
+def _replace(spec: KVSpec, **changes: Any) -> KVSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)
+
+
+@main.command("replay")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--tenants",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Spread conversations over this many tenants (deterministic).",
+)
+@click.option(
+    "--blocks",
+    type=click.IntRange(min=1),
+    default=65_536,
+    show_default=True,
+    help="Cache capacity in blocks (both caches).",
+)
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests."
+)
+@click.option(
+    "--share-public-prefix",
+    is_flag=True,
+    help="Grant the trace's common first block (system prompt) to a share group.",
+)
+@click.option(
+    "--audit-url",
+    default="sqlite://",
+    show_default=True,
+    help="Audit database of the governed cache (in memory by default).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def replay_command(
+    trace: str,
+    tenants: int,
+    blocks: int,
+    block_size: int,
+    limit: int | None,
+    share_public_prefix: bool,
+    audit_url: str,
+    as_json: bool,
+) -> None:
+    """Replay a Mooncake trace through the governed cache and an ungoverned LRU cache.
+
+    Both caches have the same capacity; the difference in hit rate is the cost
+    of tenant isolation.
+    """
+    from .replay import run_replay
+
+    console = Console(stderr=True)
+    with Progress(
+        console=console, transient=True, disable=as_json or not console.is_terminal
+    ) as bar:
+        task = bar.add_task("replaying", total=None)
+        report = run_replay(
+            trace,
+            tenants=tenants,
+            blocks=blocks,
+            block_size=block_size,
+            limit=limit,
+            share_public_prefix=share_public_prefix,
+            audit_url=audit_url,
+            progress=lambda done: bar.update(task, completed=done),
+        )
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    table = Table(
+        title=f"Replay of {trace}: {report['requests']} requests, "
+        f"{tenants} tenant(s), {blocks} blocks of {block_size}"
+    )
+    for col in (
+        "cache",
+        "hit rate",
+        "prefill tokens avoided",
+        "requests/s",
+        "blocks/s",
+        "µs/block",
+    ):
+        table.add_column(col, justify="left" if col == "cache" else "right")
+    for name in ("governed", "ungoverned"):
+        r = report[name]
+        table.add_row(
+            name,
+            f"{r['hit_rate']:.4f}",
+            f"{r['hit_tokens']:,}",
+            f"{r['requests_per_second']:,.0f}",
+            f"{r['blocks_per_second']:,.0f}",
+            f"{r['microseconds_per_block']:.2f}",
+        )
+    Console().print(table)
+    click.echo(f"isolation cost (hit-rate points): {report['isolation_cost']:.4f}")
+
+
+@main.command("demo")
+@click.option("--quick", is_flag=True, help="A short run (for tests and smoke checks).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="kvgov-demo",
+    show_default=True,
+    help="Where the report, chart and audit database go.",
+)
+@click.option("--device", default=None, help="torch device (default: cuda if present, else cpu).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port while the demo runs.",
+)
+def demo_command(quick: bool, out_dir: str, device: str | None, metrics_port: int | None) -> None:
+    """A multi-tenant simulation on the embedded defaults, with its report and audit trail."""
+    from .demo import run_demo
+
+    code = run_demo(out_dir=Path(out_dir), quick=quick, device=device, metrics_port=metrics_port)
+    sys.exit(code)

@@ -1,0 +1,452 @@
+"""``kvgov demo``: a multi-tenant day on the embedded defaults, with its evidence.
+
+Three tenants share one governed cache:
+
+* ``bank`` — multi-turn advisor sessions (``internal``) behind a public system
+  prompt that is published to the ``public-prompts`` share group;
+* ``clinic`` — questions over a few ``confidential`` retrieval documents that
+  are reused within the clinic only, and ``restricted`` patient records that
+  are admitted but never cached; the clinic asks to be erased mid-run;
+* ``chatbot`` — a ``public`` chatbot behind the same public system prompt, so
+  it reuses the bank's prompt blocks across tenants, as the share group allows.
+
+Midway, the bank's share grant is revoked (a policy reload): the chatbot's
+later hits on blocks the bank published are refused by the sharing policy and
+audited. Later the model is upgraded to a new revision, which invalidates the
+old cache. Simulated time runs on a fake clock, so confidential documents
+expire under their retention and the sweeper finds them.
+
+Every block written gets real random fp16 KV, so zeroization is real work. At
+the end: a table per tenant, the audit trail's verification, the compliance
+queries a reviewer would run next, a PNG chart and the report as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from allocator import KVSpec
+from audit import AuditQueries, verify
+
+from .cache import GovernedKVCache
+from .scope import CacheScope
+
+__all__ = ["DemoConfig", "run_demo", "simulate"]
+
+_SYSTEM_PROMPT = [1_000 + i for i in range(64)]  # 4 blocks of 16 tokens, public
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Size of the simulation.
+
+    Attributes:
+        steps: simulated requests.
+        num_blocks: pool size.
+        seconds_per_step: simulated seconds between requests.
+        seed: the random seed (the run is deterministic).
+    """
+
+    steps: int = 1_500
+    num_blocks: int = 1_024
+    seconds_per_step: float = 2.0
+    seed: int = 7
+
+
+QUICK = DemoConfig(steps=240, num_blocks=256, seconds_per_step=12.0)
+
+#: Policy data the demo runs under: one share group for public prompts, and a
+#: short retention for confidential documents so that expiry shows within the run.
+DEMO_POLICY_DATA: dict[str, Any] = {
+    "kvgov": {
+        "config": {
+            "share_groups": {
+                "public-prompts": {
+                    "publishers": ["bank", "chatbot"],
+                    "classifications": ["public"],
+                }
+            },
+            "tenants": {"clinic": {"retention_seconds": {"confidential": 300}}},
+        }
+    }
+}
+
+
+class _Clock:
+    """The simulation's clock: starts at a fixed epoch, moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _scope(tenant: str, classification: str, revision: str) -> CacheScope:
+    return CacheScope(
+        tenant=tenant,
+        classification=classification,
+        model="demo-llm-8b",
+        model_revision=revision,
+        tokenizer="demo-tok",
+        tokenizer_revision="1",
+        template_version="chat-v2",
+    )
+
+
+def simulate(
+    out_dir: Path,
+    config: DemoConfig,
+    device: str,
+    *,
+    on_step: Callable[[int], None] | None = None,
+    metrics_port: int | None = None,
+) -> dict[str, Any]:
+    """Run the simulation and return the report (also written to ``out_dir``).
+
+    Args:
+        out_dir: where ``audit.db``, ``report.json`` and ``blocks.png`` go.
+        config: its size.
+        device: torch device of the pool.
+        on_step: called after each request with the step number.
+        metrics_port: serve Prometheus metrics on this port while it runs.
+
+    Returns:
+        The report (per-tenant counters, erasure, invalidation, verification).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db = out_dir / "audit.db"
+    for stale in out_dir.glob("audit.db*"):
+        stale.unlink()
+    audit_url = f"sqlite:///{db}"
+    rng = random.Random(config.seed)
+    gen = torch.Generator().manual_seed(config.seed)
+    clock = _Clock()
+    spec = KVSpec(num_layers=4, num_kv_heads=4, head_dim=64, block_size=16, dtype=torch.float16)
+    cache = GovernedKVCache.create(
+        spec=spec,
+        num_blocks=config.num_blocks,
+        device=device,
+        policy_data=DEMO_POLICY_DATA,
+        audit_url=audit_url,
+        ephemeral_secret=True,
+        clock=clock,
+        worker_id="demo-worker",
+        verify_zeroization=True,
+    )
+    server = None
+    if metrics_port is not None:
+        from .metrics import serve_metrics
+
+        server = serve_metrics(cache, metrics_port)
+    kv = torch.empty((16, *spec.block_shape), dtype=spec.dtype)
+    documents = [[50_000 + 1_000 * d + i for i in range(160)] for d in range(4)]
+    sessions: dict[str, list[int]] = {}
+    revision = "r1"
+    timeline: list[dict[str, float]] = []
+    erasure: dict[str, Any] | None = None
+    invalidation: dict[str, Any] | None = None
+    revoked_at: int | None = None
+    expired = 0
+    purge_step = int(config.steps * 0.6)
+    revoke_step = int(config.steps * 0.45)
+    upgrade_step = int(config.steps * 0.8)
+    try:
+        for step in range(config.steps):
+            clock.now += config.seconds_per_step
+            if step == revoke_step:
+                policy_data = json.loads(json.dumps(DEMO_POLICY_DATA))
+                policy_data["kvgov"]["config"]["share_groups"]["public-prompts"]["publishers"] = [
+                    "chatbot"
+                ]
+                policy_data["kvgov"]["config"]["share_groups"]["public-prompts"]["readers"] = [
+                    "bank"
+                ]
+                cache.policy.reload(policy_data=policy_data)
+                revoked_at = step
+            if step == purge_step:
+                report = cache.purge_tenant("clinic")
+                erasure = {
+                    "step": step,
+                    "tenant": report.tenant,
+                    "blocks_zeroized": report.blocks_zeroized,
+                    "bytes_zeroized": report.bytes_zeroized,
+                    "in_flight_sequences": list(report.in_flight_sequences),
+                    "verified": report.verified,
+                    "event_id": report.event_id,
+                }
+            if step == upgrade_step:
+                inv = cache.invalidate(model="demo-llm-8b", model_revision=revision)
+                revision = "r2"
+                invalidation = {
+                    "step": step,
+                    "blocks_zeroized": inv.blocks_zeroized,
+                    "detached_blocks": inv.detached_blocks,
+                    "event_id": inv.event_id,
+                }
+            if step % 10 == 0:
+                expired += cache.sweep()
+            tenant = rng.choices(["bank", "clinic", "chatbot"], weights=[4, 3, 3])[0]
+            seq_id = f"req-{step}"
+            prefix = 0
+            if tenant == "bank":
+                session = f"bank-{rng.randrange(12)}"
+                history = sessions.setdefault(session, list(_SYSTEM_PROMPT))
+                history.extend(rng.randrange(32_000) for _ in range(rng.randrange(20, 60)))
+                tokens, scope, prefix = list(history), _scope("bank", "internal", revision), 64
+            elif tenant == "chatbot":
+                question = [rng.randrange(32_000) for _ in range(rng.randrange(8, 40))]
+                tokens, scope = _SYSTEM_PROMPT + question, _scope("chatbot", "public", revision)
+            elif rng.random() < 0.3:
+                record = [rng.randrange(32_000) for _ in range(rng.randrange(40, 120))]
+                tokens, scope = record, _scope("clinic", "restricted", revision)
+            else:
+                doc = documents[rng.randrange(len(documents))]
+                question = [rng.randrange(32_000) for _ in range(rng.randrange(8, 30))]
+                tokens, scope = doc + question, _scope("clinic", "confidential", revision)
+            adm = cache.admit(seq_id, scope, tokens, public_prefix_tokens=prefix)
+            new_blocks = adm.block_ids[adm.cached_tokens // spec.block_size :]
+            for i, b in enumerate(new_blocks):
+                if i % len(kv) == 0:
+                    kv.copy_(torch.randn(kv.shape, generator=gen).to(spec.dtype))
+                cache.block(b).copy_(kv[i % len(kv)], non_blocking=True)
+            generated = [rng.randrange(32_000) for _ in range(rng.randrange(4, 24))]
+            new = cache.append(seq_id, generated)
+            for b in new:
+                cache.block(b).copy_(kv[0])
+            if tenant == "bank":
+                sessions[session].extend(generated)
+            cache.release(seq_id)
+            if step % 5 == 0 or step == config.steps - 1:
+                stats = cache.stats()
+                states = stats.total.blocks_by_state
+                timeline.append(
+                    {
+                        "step": step,
+                        "minutes": (step + 1) * config.seconds_per_step / 60,
+                        "free": states.get("free", 0),
+                        "owned": states.get("owned", 0),
+                        "cached": states.get("cached", 0),
+                        "dirty": states.get("dirty", 0),
+                        "hit_rate": stats.total.hit_rate,
+                    }
+                )
+            if on_step is not None:
+                on_step(step + 1)
+        final = cache.stats()
+    finally:
+        cache.close()
+        if server is not None:
+            server.shutdown()
+    verification = verify(audit_url)
+    report = {
+        "config": {
+            "steps": config.steps,
+            "num_blocks": config.num_blocks,
+            "bytes_per_block": spec.bytes_per_block,
+            "device": device,
+            "simulated_minutes": config.steps * config.seconds_per_step / 60,
+        },
+        "audit_url": audit_url,
+        "tenants": {
+            name: {
+                "requests": t.requests,
+                "queried_tokens": t.queried_tokens,
+                "hit_tokens": t.hit_tokens,
+                "hit_rate": t.hit_rate,
+                "prefill_tokens_avoided": t.prefill_tokens_avoided,
+                "cross_tenant_reuses": t.cross_tenant_reuses,
+                "cross_tenant_denied": t.cross_tenant_denied,
+                "denials": dict(t.denials),
+                "evictions": dict(t.evictions),
+                "blocks_zeroized": t.blocks_zeroized,
+                "bytes_zeroized": t.bytes_zeroized,
+            }
+            for name, t in final.tenants.items()
+        },
+        "total": {
+            "requests": final.total.requests,
+            "hit_rate": final.total.hit_rate,
+            "prefill_tokens_avoided": final.total.prefill_tokens_avoided,
+            "blocks_zeroized": final.total.blocks_zeroized,
+            "bytes_zeroized": final.total.bytes_zeroized,
+            "evictions": dict(final.total.evictions),
+            "expired_by_sweeps": expired,
+        },
+        "share_grant_revoked_at_step": revoked_at,
+        "erasure": erasure,
+        "invalidation": invalidation,
+        "verification": {
+            "ok": verification.ok,
+            "events": sum(s.events for s in verification.streams),
+            "streams": len(verification.streams),
+            "checkpoints": sum(s.checkpoints for s in verification.streams),
+            "problems": [str(p) for p in verification.problems],
+        },
+        "timeline": timeline,
+    }
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    _chart(timeline, out_dir / "blocks.png", report)
+    return report
+
+
+def _chart(timeline: list[dict[str, float]], path: Path, report: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [p["minutes"] for p in timeline]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    top.stackplot(
+        minutes,
+        [p["free"] for p in timeline],
+        [p["owned"] for p in timeline],
+        [p["cached"] for p in timeline],
+        [p["dirty"] for p in timeline],
+        labels=["free (zeroed)", "owned", "cached", "dirty"],
+        colors=["#d9d9d9", "#4c72b0", "#55a868", "#c44e52"],
+    )
+    top.set_ylabel("blocks")
+    top.set_title("kvgov demo: block states and cumulative hit rate over simulated time")
+    top.legend(loc="upper right", fontsize=8)
+    bottom.plot(minutes, [p["hit_rate"] for p in timeline], color="#8172b2")
+    bottom.set_ylabel("hit rate (prompt tokens)")
+    bottom.set_xlabel("simulated minutes")
+    bottom.set_ylim(0, 1)
+    minutes_per_step = report["config"]["simulated_minutes"] / report["config"]["steps"]
+    for label, key in (("share grant revoked", "share_grant_revoked_at_step"),):
+        if report.get(key) is not None:
+            bottom.axvline(report[key] * minutes_per_step, ls=":", color="grey")
+            bottom.text(report[key] * minutes_per_step, 0.9, label, fontsize=8)
+    for label, key in (("clinic erased", "erasure"), ("model r1 -> r2", "invalidation")):
+        if report.get(key):
+            x = report[key]["step"] * minutes_per_step
+            for ax in (top, bottom):
+                ax.axvline(x, ls="--", color="black", lw=0.8)
+            bottom.text(x, 0.8, label, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(
+    *,
+    out_dir: Path,
+    quick: bool = False,
+    device: str | None = None,
+    metrics_port: int | None = None,
+) -> int:
+    """Run the demo with a progress bar and print the report; the CLI's ``kvgov demo``.
+
+    Args:
+        out_dir: output directory.
+        quick: the short configuration.
+        device: torch device; default CUDA where present, else CPU.
+        metrics_port: serve Prometheus metrics on this port while it runs.
+
+    Returns:
+        The process exit status: 0, or 1 if the audit trail did not verify.
+    """
+    config = QUICK if quick else DemoConfig()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    console = Console()
+    console.print(
+        f"[bold]kvgov demo[/bold]: 3 tenants, {config.steps} requests, {config.num_blocks} "
+        f"blocks on {device}, SQLite audit and the embedded Rego engine -> {out_dir}/"
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("simulating", total=config.steps)
+        report = simulate(
+            out_dir,
+            config,
+            device,
+            on_step=lambda n: bar.update(task, completed=n),
+            metrics_port=metrics_port,
+        )
+    _print_report(console, report, out_dir)
+    return 0 if report["verification"]["ok"] else 1
+
+
+def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> None:
+    table = Table(title="Per tenant")
+    for col in (
+        "tenant",
+        "requests",
+        "hit rate",
+        "prefill avoided",
+        "cross-tenant reuse",
+        "cross-tenant denied",
+        "evictions by reason",
+        "blocks zeroized",
+        "MiB zeroized",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("tenant", "evictions by reason") else "right"
+        )
+    for name, t in report["tenants"].items():
+        table.add_row(
+            name,
+            str(t["requests"]),
+            f"{t['hit_rate']:.1%}",
+            f"{t['prefill_tokens_avoided']:,}",
+            str(t["cross_tenant_reuses"]),
+            str(t["cross_tenant_denied"]),
+            ", ".join(f"{k} {v}" for k, v in sorted(t["evictions"].items())) or "-",
+            f"{t['blocks_zeroized']:,}",
+            f"{t['bytes_zeroized'] / 2**20:,.1f}",
+        )
+    console.print(table)
+    e, inv = report["erasure"], report["invalidation"]
+    if e:
+        console.print(
+            f"erasure of [bold]{e['tenant']}[/bold] at step {e['step']}: {e['blocks_zeroized']} "
+            f"blocks ({e['bytes_zeroized']:,} bytes) zeroized, read back as zero: {e['verified']}, "
+            f"audit event {e['event_id']}"
+        )
+    if inv:
+        console.print(
+            f"model upgrade r1 -> r2 at step {inv['step']}: {inv['blocks_zeroized']} cached "
+            f"blocks invalidated and zeroized"
+        )
+    console.print(f"retention sweeps expired {report['total']['expired_by_sweeps']} blocks")
+    v = report["verification"]
+    status = "[green]OK[/green]" if v["ok"] else "[red]FAILED[/red]"
+    console.print(
+        f"kvgov audit verify: {status} - {v['events']:,} events in {v['streams']} stream(s), "
+        f"{v['checkpoints']} signed checkpoint(s)"
+    )
+    for problem in v["problems"]:
+        console.print(f"  [red]{problem}[/red]")
+    url = report["audit_url"]
+    console.print("\nA reviewer would run next:")
+    for cmd in (
+        f"kvgov audit verify --url {url}",
+        f"kvgov audit reuse --tenant bank --url {url}",
+        f"kvgov audit erasure --tenant clinic --url {url}",
+        f"kvgov audit denials --url {url}",
+        f"kvgov audit export --format csv --url {url} --output {out_dir}/audit.csv",
+    ):
+        console.print(f"  {cmd}")
+    with AuditQueries(url) as queries:
+        erasures = queries.erasure("clinic")
+    if erasures:
+        console.print(f"\nerasure evidence on record for clinic: {len(erasures)} event(s)")
+    console.print(f"\nreport: {out_dir}/report.json   chart: {out_dir}/blocks.png")

@@ -1,0 +1,403 @@
+"""Replay Mooncake request traces through the governed cache and an ungoverned baseline.
+
+A Mooncake trace line is ``{"timestamp": ms, "input_length": n, "output_length": m,
+"hash_ids": [...]}``; each hash id stands for one 512-token block of prompt and
+equal ids mean equal prefix blocks. Replay gives each id deterministic tokens::
+
+    token j of hash id h  =  (h * 512 + j) mod 2**32        (j in 0..511)
+
+so equal ids give equal tokens (and equal cache keys) and different ids give
+different tokens. A request's prompt is its ids' tokens cut to ``input_length``.
+
+Tenants: with ``tenants=N``, a request goes to ``tenant-k`` where
+``k = (c * 2654435761 mod 2**32) mod N`` and ``c`` is the conversation id: the
+request's second hash id (its first block after the system prompt every
+request of the trace shares), or its first when it has only one. All turns of
+a conversation share that prefix, so a conversation stays in one tenant.
+
+The ungoverned baseline is what a serving engine does today: one namespace,
+keys are plain chained SHA-256 of the tokens, same pool, same capacity, same
+LRU eviction, and the same rule of leaving at least one prompt token to compute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from allocator import BlockPool, KVSpec
+from kvgov.exceptions import InvalidArgument, OutOfBlocks
+
+from .cache import GovernedKVCache
+from .keys import pack_tokens
+from .scope import CacheScope
+
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "ReplayResult",
+    "TraceRequest",
+    "expand_tokens",
+    "load_trace",
+    "replay_governed",
+    "replay_spec",
+    "replay_ungoverned",
+    "run_replay",
+    "tenant_of",
+]
+
+#: Tokens one Mooncake hash id stands for.
+MOONCAKE_BLOCK_TOKENS = 512
+_GOLDEN = 2654435761
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a Mooncake trace.
+
+    Attributes:
+        timestamp_ms: arrival time in milliseconds from the trace start.
+        input_length: prompt tokens.
+        output_length: generated tokens.
+        hash_ids: the prompt's 512-token block ids, a prefix chain.
+    """
+
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Cache behaviour and cost of one replay.
+
+    Attributes:
+        name: ``governed`` or ``ungoverned``.
+        requests: requests replayed (skipped ones excluded).
+        skipped: requests longer than the whole pool, not replayed.
+        prompt_tokens: prompt tokens of the replayed requests.
+        hit_tokens: prompt tokens served from cache (prefill avoided).
+        blocks: blocks handed out (hit or new).
+        seconds: wall time of the replay loop.
+    """
+
+    name: str
+    requests: int
+    skipped: int
+    prompt_tokens: int
+    hit_tokens: int
+    blocks: int
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of prompt tokens served from cache."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def requests_per_second(self) -> float:
+        """Replay throughput in requests."""
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def blocks_per_second(self) -> float:
+        """Replay throughput in blocks."""
+        return self.blocks / self.seconds if self.seconds else 0.0
+
+    @property
+    def microseconds_per_block(self) -> float:
+        """Mean wall time per block handed out."""
+        return self.seconds / self.blocks * 1e6 if self.blocks else 0.0
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
+    """Read a Mooncake JSONL trace.
+
+    Args:
+        path: the trace file.
+        limit: read at most this many requests.
+
+    Returns:
+        The requests in file order.
+
+    Raises:
+        InvalidArgument: the file is missing or a line is not a valid request
+            (the message names the line).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidArgument("trace", str(path), "no such file")
+    out: list[TraceRequest] = []
+    with p.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                req = TraceRequest(
+                    timestamp_ms=int(raw["timestamp"]),
+                    input_length=int(raw["input_length"]),
+                    output_length=int(raw["output_length"]),
+                    hash_ids=tuple(int(h) for h in raw["hash_ids"]),
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidArgument(
+                    "trace", f"{path}:{lineno}", f"not a Mooncake request line ({exc})"
+                ) from None
+            if req.input_length < 0 or any(h < 0 for h in req.hash_ids):
+                raise InvalidArgument("trace", f"{path}:{lineno}", "negative length or hash id")
+            out.append(req)
+    return out
+
+
+def expand_tokens(req: TraceRequest) -> list[int]:
+    """The request's deterministic prompt tokens (see the module docstring).
+
+    Args:
+        req: a trace request.
+
+    Returns:
+        ``req.input_length`` token ids (fewer if the hash ids cover fewer).
+    """
+    tokens: list[int] = []
+    for h in req.hash_ids:
+        base = h * MOONCAKE_BLOCK_TOKENS
+        tokens.extend((base + j) & 0xFFFFFFFF for j in range(MOONCAKE_BLOCK_TOKENS))
+        if len(tokens) >= req.input_length:
+            break
+    return tokens[: req.input_length]
+
+
+def tenant_of(req: TraceRequest, tenants: int) -> str:
+    """The tenant a request is replayed under (see the module docstring).
+
+    Args:
+        req: a trace request.
+        tenants: how many tenants (>= 1).
+
+    Returns:
+        ``tenant-k``.
+    """
+    if not req.hash_ids:
+        return "tenant-0"
+    conversation = req.hash_ids[1] if len(req.hash_ids) > 1 else req.hash_ids[0]
+    return f"tenant-{(conversation * _GOLDEN % 2**32) % tenants}"
+
+
+def replay_spec(block_size: int) -> KVSpec:
+    """A tiny KV layout for replays: cache behaviour, not memory, is measured."""
+    return KVSpec(
+        num_layers=1, num_kv_heads=1, head_dim=8, block_size=block_size, dtype=torch.float16
+    )
+
+
+def replay_governed(
+    cache: GovernedKVCache,
+    requests: Sequence[TraceRequest],
+    scope_of: Callable[[TraceRequest], CacheScope],
+    *,
+    public_prefix_tokens: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Replay requests through a governed cache: admit, then release, one at a time.
+
+    Args:
+        cache: the governed cache (its capacity is the pool's).
+        requests: the trace.
+        scope_of: the scope each request runs under.
+        public_prefix_tokens: leading tokens of every request that are public
+            (see :meth:`GovernedKVCache.admit`).
+        progress: called with the number of requests done, now and then.
+
+    Returns:
+        Hits and cost.
+    """
+    prompts = [expand_tokens(r) for r in requests]
+    scopes = [scope_of(r) for r in requests]
+    bs = cache.spec.block_size
+    limit = cache.num_blocks * bs
+    hit = prompt = blocks = skipped = done = 0
+    start = time.perf_counter()
+    for i, tokens in enumerate(prompts):
+        if len(tokens) > limit:
+            skipped += 1
+            continue
+        adm = cache.admit(
+            f"r{i}", scopes[i], tokens, public_prefix_tokens=min(public_prefix_tokens, len(tokens))
+        )
+        cache.release(f"r{i}")
+        hit += adm.cached_tokens
+        prompt += len(tokens)
+        blocks += len(adm.block_ids)
+        done += 1
+        if progress is not None and done % 256 == 0:
+            progress(done)
+    seconds = time.perf_counter() - start
+    return ReplayResult("governed", done, skipped, prompt, hit, blocks, seconds)
+
+
+def replay_ungoverned(
+    num_blocks: int, block_size: int, requests: Sequence[TraceRequest]
+) -> ReplayResult:
+    """Replay through a bare pool with one namespace and plain SHA-256 chained keys.
+
+    Args:
+        num_blocks: pool capacity.
+        block_size: tokens per block.
+        requests: the trace.
+
+    Returns:
+        Hits and cost.
+    """
+    pool = BlockPool(replay_spec(block_size), num_blocks)
+    try:
+        return _replay_bare(pool, requests)
+    finally:
+        pool.close()
+
+
+def _replay_bare(pool: BlockPool, requests: Iterable[TraceRequest]) -> ReplayResult:
+    bs = pool.spec.block_size
+    step = 4 * bs
+    limit = pool.num_blocks * bs
+    prompts = [expand_tokens(r) for r in requests]
+    hit = prompt = blocks = skipped = done = 0
+    start = time.perf_counter()
+    for tokens in prompts:
+        n = len(tokens)
+        if n > limit:
+            skipped += 1
+            continue
+        packed = pack_tokens(tokens)
+        full = n // bs
+        keys: list[bytes] = []
+        parent = b""
+        for i in range(full):
+            parent = hashlib.sha256(parent + packed[i * step : (i + 1) * step]).digest()
+            keys.append(parent)
+        max_hit = (n - 1) // bs if n else 0
+        hits = pool.lookup(keys[:max_hit]) if max_hit else []
+        try:
+            new = pool.allocate(-(-n // bs) - len(hits))
+        except OutOfBlocks:  # pragma: no cover - excluded by the length check above
+            pool.free(hits)
+            raise
+        table = hits + new
+        if full > len(hits):
+            pool.set_keys(table[len(hits) : full], keys[len(hits) : full])
+        pool.free(table[::-1])
+        pool.take_events()
+        hit += len(hits) * bs
+        prompt += n
+        blocks += len(table)
+        done += 1
+    seconds = time.perf_counter() - start
+    return ReplayResult("ungoverned", done, skipped, prompt, hit, blocks, seconds)
+
+
+def run_replay(
+    trace: str | Path,
+    *,
+    tenants: int = 1,
+    blocks: int = 65_536,
+    block_size: int = 16,
+    limit: int | None = None,
+    share_public_prefix: bool = False,
+    audit_url: str = "sqlite://",
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay a trace through the governed cache and the ungoverned baseline, same capacity.
+
+    Args:
+        trace: a Mooncake JSONL file.
+        tenants: tenants to spread conversations over (see :func:`tenant_of`).
+        blocks: capacity of both caches, in blocks.
+        block_size: tokens per block.
+        limit: replay only the first ``limit`` requests.
+        share_public_prefix: mark the trace's common first block (512 tokens of
+            system prompt) public and grant it to a share group of all tenants.
+        audit_url: the governed cache's audit database.
+        progress: called with requests done.
+
+    Returns:
+        A JSON-able report: both results, the isolation cost (ungoverned minus
+        governed hit rate) and the governed cache's cross-tenant reuse count.
+    """
+    requests = load_trace(trace, limit)
+    names = sorted({tenant_of(r, tenants) for r in requests})
+    policy_data: dict[str, Any] | None = None
+    if share_public_prefix:
+        policy_data = {
+            "kvgov": {
+                "config": {
+                    "share_groups": {
+                        "system-prompt": {"publishers": names, "classifications": ["public"]}
+                    }
+                }
+            }
+        }
+    prefix = MOONCAKE_BLOCK_TOKENS if share_public_prefix else 0
+    scopes = {
+        name: CacheScope(
+            tenant=name,
+            classification="internal",
+            model="trace-model",
+            model_revision="1",
+            tokenizer="trace-tokenizer",
+            tokenizer_revision="1",
+            template_version="1",
+        )
+        for name in names
+    }
+    with GovernedKVCache.create(
+        spec=replay_spec(block_size),
+        num_blocks=blocks,
+        audit_url=audit_url,
+        ephemeral_secret=True,
+        policy_data=policy_data,
+    ) as cache:
+        governed = replay_governed(
+            cache,
+            requests,
+            lambda r: scopes[tenant_of(r, tenants)],
+            public_prefix_tokens=prefix,
+            progress=progress,
+        )
+        cross = cache.stats().total.cross_tenant_reuses
+    ungoverned = replay_ungoverned(blocks, block_size, requests)
+
+    def as_dict(r: ReplayResult) -> dict[str, Any]:
+        return {
+            "requests": r.requests,
+            "skipped": r.skipped,
+            "prompt_tokens": r.prompt_tokens,
+            "hit_tokens": r.hit_tokens,
+            "hit_rate": r.hit_rate,
+            "blocks": r.blocks,
+            "seconds": r.seconds,
+            "requests_per_second": r.requests_per_second,
+            "blocks_per_second": r.blocks_per_second,
+            "microseconds_per_block": r.microseconds_per_block,
+        }
+
+    return {
+        "trace": str(trace),
+        "requests": len(requests),
+        "tenants": tenants,
+        "blocks": blocks,
+        "block_size": block_size,
+        "share_public_prefix": share_public_prefix,
+        "governed": as_dict(governed),
+        "ungoverned": as_dict(ungoverned),
+        "isolation_cost": ungoverned.hit_rate - governed.hit_rate,
+        "cross_tenant_reuses": cross,
+    }

@@ -1,0 +1,93 @@
+"""Small frozen results returned by :class:`govern.GovernedKVCache`, read by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Admission", "ErasureReport", "InvalidationReport", "ReconcileReport"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What :meth:`GovernedKVCache.admit` granted.
+
+    Attributes:
+        seq_id: the sequence admitted.
+        block_ids: the sequence's block table, in token order; the first
+            ``cached_tokens // block_size`` blocks hold reused KV, the caller
+            writes KV for the remaining tokens into the rest.
+        cached_tokens: leading tokens whose KV is already in the blocks
+            (prefill the caller may skip).
+        decision_id: the admission decision, as written to the audit trail.
+        cacheable: whether the sequence's full blocks will be kept for reuse
+            at release (False for ``restricted`` data under the bundled policy).
+        priority: the eviction priority the policy gave (0-100, lower first).
+    """
+
+    seq_id: str
+    block_ids: tuple[int, ...]
+    cached_tokens: int
+    decision_id: str
+    cacheable: bool
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureReport:
+    """Evidence of :meth:`GovernedKVCache.purge_tenant`.
+
+    Attributes:
+        tenant: the tenant erased.
+        blocks_zeroized: cached blocks evicted and zeroized by the purge.
+        bytes_zeroized: their bytes.
+        in_flight_sequences: the tenant's sequences still running; their blocks
+            are never cached and are zeroized at release.
+        detached_blocks: blocks of the tenant still held by running sequences
+            (of any tenant), unreachable by key from now on and zeroized when
+            their last holder releases them.
+        verified: every zeroized block was read back as all zero bytes.
+        event_id: the erasure event in the audit trail (written synchronously).
+        finished_at: the cache clock's time when the purge finished (seconds).
+    """
+
+    tenant: str
+    blocks_zeroized: int
+    bytes_zeroized: int
+    in_flight_sequences: tuple[str, ...]
+    detached_blocks: int
+    verified: bool
+    event_id: str
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidationReport:
+    """What :meth:`GovernedKVCache.invalidate` dropped.
+
+    Attributes:
+        blocks_zeroized: cached blocks evicted and zeroized now.
+        detached_blocks: matching blocks still held by running sequences,
+            unreachable from now on and zeroized at release.
+        sequences_marked: running sequences of a matching scope, which will
+            cache nothing more.
+        event_id: the invalidation event in the audit trail.
+    """
+
+    blocks_zeroized: int
+    detached_blocks: int
+    sequences_marked: int
+    event_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What :meth:`GovernedKVCache.reconcile` recovered.
+
+    Attributes:
+        orphaned: sequence ids that were live here but unknown to the caller,
+            now released without caching (their blocks zeroized or returned).
+        blocks_released: block references dropped for them.
+    """
+
+    orphaned: tuple[str, ...]
+    blocks_released: int

@@ -1,0 +1,103 @@
+"""The cache scope: everything that must match before KV state may be reused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvgov.defaults import MAX_SCOPE_FIELD_CHARS
+from kvgov.exceptions import InvalidScope
+
+__all__ = ["SCOPE_FIELDS", "CacheScope"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheScope:
+    """Who a request belongs to and what produced its KV state.
+
+    Two requests may share cached KV only if every field is equal (or the
+    sharing policy grants a share group, and then every field but the tenant
+    is equal). The fields are validated at construction; whether the
+    classification is one the policy knows is checked by the cache, which
+    holds the loaded policy.
+
+    Attributes:
+        tenant: the customer or business unit that owns the data.
+        classification: the data label, e.g. ``public``, ``internal``,
+            ``confidential``, ``restricted`` (the bundled policy's labels).
+        model: model name; ``model_revision`` its weights revision.
+        adapter: LoRA or other adapter name, or None for the base model;
+            ``adapter_revision`` is required with an adapter and refused without.
+        tokenizer: tokenizer name; ``tokenizer_revision`` its revision.
+        template_version: the prompt-template (system prompt, chat template)
+            version, so a template change never reuses stale KV.
+
+    Raises:
+        InvalidScope: a field is not a string, is empty, longer than 256
+            characters or has a non-printable character, or the adapter
+            fields are inconsistent.
+    """
+
+    tenant: str
+    classification: str
+    model: str
+    model_revision: str
+    tokenizer: str
+    tokenizer_revision: str
+    template_version: str
+    adapter: str | None = None
+    adapter_revision: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in SCOPE_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            _check_identifier(name, value)
+        if (self.adapter is None) != (self.adapter_revision is None):
+            raise InvalidScope(
+                "adapter_revision",
+                self.adapter_revision,
+                "adapter and adapter_revision go together: give both or neither",
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The scope as the policy sees it (``input.scope``), every field present.
+
+        Returns:
+            A new dict; adapter fields are None for the base model.
+        """
+        return {name: getattr(self, name) for name in SCOPE_FIELDS}
+
+
+_OPTIONAL = frozenset({"adapter", "adapter_revision"})
+
+
+def _check_identifier(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise InvalidScope(name, value, "must be a string")
+    if not value:
+        raise InvalidScope(name, value, "must not be empty")
+    if len(value) > MAX_SCOPE_FIELD_CHARS:
+        raise InvalidScope(name, value[:32] + "...", f"at most {MAX_SCOPE_FIELD_CHARS} characters")
+    if not value.isprintable():
+        raise InvalidScope(name, value, "must contain printable characters only")
+
+
+#: The scope's fields in their fixed order (the order of the scope digest).
+SCOPE_FIELDS: tuple[str, ...] = (
+    "tenant",
+    "classification",
+    "model",
+    "model_revision",
+    "adapter",
+    "adapter_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "template_version",
+)
+
+if {f.name for f in fields(CacheScope)} != set(
+    SCOPE_FIELDS
+):  # pragma: no cover - import-time guard
+    raise RuntimeError("SCOPE_FIELDS is out of date with CacheScope")

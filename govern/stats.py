@@ -1,0 +1,135 @@
+"""Counters of the governed cache, and the frozen snapshots ``stats()`` returns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["CacheStats", "TenantStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """Counters for one tenant (or, in ``CacheStats.total``, for all of them).
+
+    Attributes:
+        requests: sequences admitted.
+        queried_tokens: prompt tokens of admitted sequences.
+        hit_tokens: prompt tokens served from cache.
+        prefill_tokens_avoided: prefill the caller could skip; equal to
+            ``hit_tokens`` (kept separate so dashboards can name it).
+        cross_tenant_reuses: reuses of another tenant's blocks by this tenant,
+            granted by a share group.
+        cross_tenant_denied: reuses of another tenant's blocks the sharing
+            policy refused.
+        denials: admissions refused, by reason.
+        evictions: this tenant's blocks evicted, by reason (capacity, expired,
+            purged, invalidated, secret_rotated).
+        blocks_zeroized: this tenant's blocks zeroized.
+        bytes_zeroized: their bytes.
+        blocks_by_state: this tenant's blocks now OWNED or CACHED (keys
+            ``owned``, ``cached``); for the total also ``free`` and ``dirty``.
+    """
+
+    requests: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    prefill_tokens_avoided: int = 0
+    cross_tenant_reuses: int = 0
+    cross_tenant_denied: int = 0
+    denials: Mapping[str, int] = field(default_factory=dict)
+    evictions: Mapping[str, int] = field(default_factory=dict)
+    blocks_zeroized: int = 0
+    bytes_zeroized: int = 0
+    blocks_by_state: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of queried prompt tokens served from cache (0.0 with no queries)."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A consistent snapshot of the governed cache's counters.
+
+    Attributes:
+        total: counters summed over every tenant, plus pool-wide block states.
+        tenants: counters per tenant, by tenant name.
+        num_blocks: blocks in the pool.
+        bytes_per_block: bytes of one block.
+        orphans_recovered: sequences released by :meth:`GovernedKVCache.reconcile`.
+        live_sequences: sequences admitted and not yet released.
+        decision_cache_hits: policy decisions served from the decision cache.
+        decision_cache_misses: policy decisions that went to the engine.
+        policy_revision: the active policy bundle revision.
+    """
+
+    total: TenantStats
+    tenants: Mapping[str, TenantStats]
+    num_blocks: int
+    bytes_per_block: int
+    orphans_recovered: int
+    live_sequences: int
+    decision_cache_hits: int
+    decision_cache_misses: int
+    policy_revision: str
+
+
+class _TenantCounters:
+    """Mutable counters of one tenant; only the cache, under its lock, changes them."""
+
+    __slots__ = (
+        "blocks_zeroized",
+        "bytes_zeroized",
+        "cross_tenant_denied",
+        "cross_tenant_reuses",
+        "denials",
+        "evictions",
+        "hit_tokens",
+        "queried_tokens",
+        "requests",
+    )
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+        self.cross_tenant_reuses = 0
+        self.cross_tenant_denied = 0
+        self.denials: Counter[str] = Counter()
+        self.evictions: Counter[str] = Counter()
+        self.blocks_zeroized = 0
+        self.bytes_zeroized = 0
+
+    def freeze(self, blocks_by_state: Mapping[str, int]) -> TenantStats:
+        return TenantStats(
+            requests=self.requests,
+            queried_tokens=self.queried_tokens,
+            hit_tokens=self.hit_tokens,
+            prefill_tokens_avoided=self.hit_tokens,
+            cross_tenant_reuses=self.cross_tenant_reuses,
+            cross_tenant_denied=self.cross_tenant_denied,
+            denials=MappingProxyType(dict(self.denials)),
+            evictions=MappingProxyType(dict(self.evictions)),
+            blocks_zeroized=self.blocks_zeroized,
+            bytes_zeroized=self.bytes_zeroized,
+            blocks_by_state=MappingProxyType(dict(blocks_by_state)),
+        )
+
+
+def _sum(counters: Iterable[_TenantCounters]) -> _TenantCounters:
+    total = _TenantCounters()
+    for c in counters:
+        total.requests += c.requests
+        total.queried_tokens += c.queried_tokens
+        total.hit_tokens += c.hit_tokens
+        total.cross_tenant_reuses += c.cross_tenant_reuses
+        total.cross_tenant_denied += c.cross_tenant_denied
+        total.denials.update(c.denials)
+        total.evictions.update(c.evictions)
+        total.blocks_zeroized += c.blocks_zeroized
+        total.bytes_zeroized += c.bytes_zeroized
+    return total
