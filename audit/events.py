@@ -180,6 +180,8 @@ class AuditEvent:
             raise InvalidAuditEvent(
                 "type", f"unknown event type {self.type!r}; use an audit.EventType value"
             )
+        # a plain str: drivers and the JSON encoder take their fast path for exact str
+        object.__setattr__(self, "type", str.__str__(self.type))
         for name in (
             "tenant",
             "requester_tenant",

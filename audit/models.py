@@ -18,11 +18,10 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Index,
-    Integer,
     LargeBinary,
     MetaData,
     String,
-    UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -40,7 +39,9 @@ NAMING_CONVENTION: dict[str, str] = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-_ID = BigInteger().with_variant(Integer, "sqlite")  # INTEGER PRIMARY KEY = rowid on SQLite
+#: Denial types, as the partial index on them is declared (only denial rows are indexed,
+#: so the common events pay nothing for it). Kept in sync with ``queries.DENIAL_TYPES``.
+DENIALS_WHERE = text("type IN ('policy_denied', 'share_denied', 'policy_error')")
 _JSON = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -51,24 +52,29 @@ class Base(DeclarativeBase):
 
 
 class AuditEventRow(Base):
-    """One audit event as stored; every column except ``id`` and the hashes is hashed."""
+    """One audit event as stored; every column except the two hashes is hashed."""
 
     __tablename__ = "audit_events"
     __table_args__ = (
-        UniqueConstraint("stream", "seq", name="uq_audit_events_stream_seq"),
         Index("ix_audit_events_tenant_type_time", "tenant", "type", "time_us"),
         Index("ix_audit_events_requester_time", "requester_tenant", "time_us"),
-        Index("ix_audit_events_type_time", "type", "time_us"),
+        Index(
+            "ix_audit_events_denials_time",
+            "type",
+            "time_us",
+            sqlite_where=DENIALS_WHERE,
+            postgresql_where=DENIALS_WHERE,
+        ),
         Index("ix_audit_events_policy_revision", "policy_revision"),
-        Index("ix_audit_events_decision_id", "decision_id"),
+        # rows stored in (stream, seq) order: verification reads them sequentially
+        {"sqlite_with_rowid": False},
     )
 
-    #: Surrogate row id (insertion order); not hashed. Event ids are "<stream>:<seq>".
-    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
-    #: Writer stream (worker) id; each stream has its own hash chain.
-    stream: Mapped[str] = mapped_column(String(128))
+    #: Writer stream (worker) id; each stream has its own hash chain. The event id is
+    #: ``"<stream>:<seq>"`` and ``(stream, seq)`` is the primary key.
+    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
     #: Sequence number within the stream, 1, 2, 3, ... without gaps.
-    seq: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     #: When the event was recorded: microseconds since 1970-01-01 UTC.
     time_us: Mapped[int] = mapped_column(BigInteger)
     #: An ``audit.EventType`` value.
@@ -102,11 +108,10 @@ class AuditCheckpoint(Base):
     """A signed statement that a stream had chain hash ``chain_hash`` at ``seq``."""
 
     __tablename__ = "audit_checkpoints"
-    __table_args__ = (UniqueConstraint("stream", "seq", name="uq_audit_checkpoints_stream_seq"),)
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
-    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
-    stream: Mapped[str] = mapped_column(String(128))
-    seq: Mapped[int] = mapped_column(BigInteger)
+    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     chain_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
     #: Ed25519 signature over ``audit.signing.checkpoint_message(stream, seq, chain_hash)``.
     signature: Mapped[bytes] = mapped_column(LargeBinary(64))

@@ -18,7 +18,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.engine import URL
 
 from audit.events import EventType
-from audit.models import AuditCheckpoint, AuditEventRow
+from audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
 from audit.store import open_engine
 
 __all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "to_time_us"]
@@ -309,7 +309,8 @@ class AuditQueries:
         Returns:
             The events, oldest first.
         """
-        stmt = select(*_SELECT_COLS).where(AuditEventRow.type.in_(DENIAL_TYPES))
+        # the literal predicate of the partial index, so that the database can use it
+        stmt = select(*_SELECT_COLS).where(DENIALS_WHERE)
         if tenant is not None:
             stmt = stmt.where(
                 or_(AuditEventRow.tenant == tenant, AuditEventRow.requester_tenant == tenant)

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Connection, select
 from sqlalchemy.engine import URL
 
-from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, canonical_json
+from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, canonical_json, fast_json
 from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditKey
 from audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
 from audit.store import open_engine
@@ -47,9 +47,6 @@ FETCH_ROWS: Final = 10_000
 #: Show a progress bar (when asked) only above this many events.
 PROGRESS_MIN_EVENTS: Final = 100_000
 
-_ENCODE = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-).encode
 _COLS = ", ".join(EVENT_INSERT_COLUMNS)
 
 
@@ -295,7 +292,7 @@ def _check_chains(
         cps_by_stream.setdefault(stream, {})[int(seq)] = bytes(chain)
     streams: dict[str, _StreamCheck] = {}
     pg = conn.dialect.name == "postgresql"
-    encode = _ENCODE
+    encode = fast_json
     sha256 = hashlib.sha256
     version = (CANONICAL_VERSION,)
     st: _StreamCheck | None = None

@@ -47,7 +47,7 @@ from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 
-from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, canonical_json
+from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, fast_json
 from audit.events import CRITICAL_EVENT_TYPES, AuditEvent
 from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from audit.signing import SigningKey, checkpoint_message, load_signing_key
@@ -67,9 +67,6 @@ WRITER_INTERVAL_SECONDS: Final = 0.05
 DB_RETRY_SECONDS: Final = 1.0
 _MAX_STREAM_CHARS: Final = 128
 
-_ENCODE = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-).encode
 _COLS = ", ".join(EVENT_INSERT_COLUMNS)
 _SQLITE_INSERT = (
     f"INSERT INTO audit_events ({_COLS}) VALUES ({', '.join('?' * len(EVENT_INSERT_COLUMNS))})"
@@ -442,7 +439,7 @@ class AuditLog:
         stream = self._stream
         out = self._pending_events
         every = self._checkpoint_every
-        encode = _ENCODE
+        encode = fast_json
         sha256 = hashlib.sha256
         for seq, time_us, ev in items:
             head = (
@@ -467,7 +464,7 @@ class AuditLog:
                 ev.policy_revision,
             )
             bids = encode(ev.block_ids) if ev.block_ids else "[]"
-            det = canonical_json(ev.details) if ev.details else "{}"
+            det = encode(ev.details) if ev.details else "{}"
             text = encode((CANONICAL_VERSION, *head))
             h = ChainHash(sha256(prev + f"{text[:-1]},{bids},{det}]".encode("ascii")).digest())
             out.append((*head, bids, det, prev, h))

@@ -24,17 +24,17 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 TABLES = ("audit_events", "audit_checkpoints", "audit_keys")
-#: Indexes the compliance queries use (reuse/erasure by owner, by requester, denials by
-#: type, decisions by policy revision, lookup by decision id).
+#: Indexes the compliance queries use: reuse / erasure by owner tenant, by requester,
+#: decisions by policy revision. Every index costs each insert; (stream, seq) is the
+#: primary key, so rows are stored in chain order (SQLite: WITHOUT ROWID).
 INDEXES = (
     ("ix_audit_events_tenant_type_time", ["tenant", "type", "time_us"]),
     ("ix_audit_events_requester_time", ["requester_tenant", "time_us"]),
-    ("ix_audit_events_type_time", ["type", "time_us"]),
     ("ix_audit_events_policy_revision", ["policy_revision"]),
-    ("ix_audit_events_decision_id", ["decision_id"]),
 )
+#: Denials are rare: a partial index holds only their rows.
+DENIALS_WHERE = "type IN ('policy_denied', 'share_denied', 'policy_error')"
 
-_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 PG_FUNCTION = """
@@ -53,7 +53,6 @@ def upgrade() -> None:
     """Create the three tables, their indexes, and the append-only triggers."""
     op.create_table(
         "audit_events",
-        sa.Column("id", _ID, primary_key=True, autoincrement=True),
         sa.Column("stream", sa.String(128), nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("time_us", sa.BigInteger(), nullable=False),
@@ -77,22 +76,28 @@ def upgrade() -> None:
         sa.Column("details", _JSON, nullable=False),
         sa.Column("prev_hash", sa.LargeBinary(32), nullable=False),
         sa.Column("hash", sa.LargeBinary(32), nullable=False),
-        sa.PrimaryKeyConstraint("id", name="pk_audit_events"),
-        sa.UniqueConstraint("stream", "seq", name="uq_audit_events_stream_seq"),
+        sa.PrimaryKeyConstraint("stream", "seq", name="pk_audit_events"),
+        sqlite_with_rowid=False,
     )
     for name, cols in INDEXES:
         op.create_index(name, "audit_events", cols)
+    op.create_index(
+        "ix_audit_events_denials_time",
+        "audit_events",
+        ["type", "time_us"],
+        sqlite_where=sa.text(DENIALS_WHERE),
+        postgresql_where=sa.text(DENIALS_WHERE),
+    )
     op.create_table(
         "audit_checkpoints",
-        sa.Column("id", _ID, primary_key=True, autoincrement=True),
         sa.Column("stream", sa.String(128), nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("chain_hash", sa.LargeBinary(32), nullable=False),
         sa.Column("signature", sa.LargeBinary(64), nullable=False),
         sa.Column("key_id", sa.String(16), nullable=False),
         sa.Column("time_us", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("id", name="pk_audit_checkpoints"),
-        sa.UniqueConstraint("stream", "seq", name="uq_audit_checkpoints_stream_seq"),
+        sa.PrimaryKeyConstraint("stream", "seq", name="pk_audit_checkpoints"),
+        sqlite_with_rowid=False,
     )
     op.create_table(
         "audit_keys",
@@ -103,6 +108,7 @@ def upgrade() -> None:
         sa.Column("stream", sa.String(128), nullable=False),
         sa.Column("time_us", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("key_id", name="pk_audit_keys"),
+        sqlite_with_rowid=False,
     )
     dialect = op.get_context().dialect.name
     if dialect == "postgresql":
@@ -140,6 +146,7 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION IF EXISTS kvgov_audit_append_only()")
     op.drop_table("audit_keys")
     op.drop_table("audit_checkpoints")
+    op.drop_index("ix_audit_events_denials_time", table_name="audit_events")
     for name, _cols in reversed(INDEXES):
         op.drop_index(name, table_name="audit_events")
     op.drop_table("audit_events")
