@@ -28,6 +28,7 @@ stream, kernel order guarantees that).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 from collections import defaultdict
@@ -264,7 +265,9 @@ class GovernedKVCache:
             load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ))
         )
         policy = PolicyClient.create(
-            policy_dir=policy_dir, policy_data=policy_data, engine=policy_engine
+            policy_dir=None if policy_dir is None else Path(policy_dir),
+            policy_data=policy_data,
+            engine=policy_engine,
         )
         try:
             audit = AuditLog(audit_url, worker_id=worker_id, clock=clock)
@@ -1033,7 +1036,7 @@ class GovernedKVCache:
             self._audit.record(
                 AuditEvent(
                     type=EventType.SHARE_DENIED,
-                    **self._view(owner).audit_fields | {"requester_tenant": requester},
+                    **{**self._view(owner).audit_fields, "requester_tenant": requester},
                     sequence_id=seq_id,
                     decision_id=share.decision.decision_id,
                     policy_revision=share.decision.bundle_revision,
@@ -1044,7 +1047,7 @@ class GovernedKVCache:
         for owner, ids in _by_owner(owner_of, hit_ids):
             if owner is None:  # pragma: no cover - excluded by the loop above
                 continue
-            fields = self._view(owner).audit_fields | {"requester_tenant": requester}
+            fields = {**self._view(owner).audit_fields, "requester_tenant": requester}
             if owner.tenant == requester:
                 self._audit.record(
                     AuditEvent(

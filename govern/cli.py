@@ -170,8 +170,8 @@ def capacity_command(
         table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
     for r in rows:
         table.add_row(
-            r["variant"],
-            r["dtype"],
+            str(r["variant"]),
+            str(r["dtype"]),
             str(r["block_size"]),
             f"{r['bytes_per_token']:,}",
             f"{r['bytes_per_block']:,}",

@@ -175,15 +175,15 @@ def simulate(
                 cache.policy.reload(policy_data=policy_data)
                 revoked_at = step
             if step == purge_step:
-                report = cache.purge_tenant("clinic")
+                erased = cache.purge_tenant("clinic")
                 erasure = {
                     "step": step,
-                    "tenant": report.tenant,
-                    "blocks_zeroized": report.blocks_zeroized,
-                    "bytes_zeroized": report.bytes_zeroized,
-                    "in_flight_sequences": list(report.in_flight_sequences),
-                    "verified": report.verified,
-                    "event_id": report.event_id,
+                    "tenant": erased.tenant,
+                    "blocks_zeroized": erased.blocks_zeroized,
+                    "bytes_zeroized": erased.bytes_zeroized,
+                    "in_flight_sequences": list(erased.in_flight_sequences),
+                    "verified": erased.verified,
+                    "event_id": erased.event_id,
                 }
             if step == upgrade_step:
                 inv = cache.invalidate(model="demo-llm-8b", model_revision=revision)
@@ -249,7 +249,7 @@ def simulate(
         if server is not None:
             server.shutdown()
     verification = verify(audit_url)
-    report = {
+    report: dict[str, Any] = {
         "config": {
             "steps": config.steps,
             "num_blocks": config.num_blocks,

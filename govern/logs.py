@@ -73,9 +73,7 @@ class _Logger:
 
     def _emit(self, level: int, event: str, kw: dict[str, object]) -> None:
         if level >= _state.level or structlog.is_configured():
-            getattr(structlog.get_logger("kvgov"), logging.getLevelName(level).lower())(
-                event, **kw
-            )
+            getattr(structlog.get_logger("kvgov"), logging.getLevelName(level).lower())(event, **kw)
 
     def debug(self, event: str, **kw: object) -> None:
         """An event per governed action."""
