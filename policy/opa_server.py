@@ -122,7 +122,14 @@ class OpaServerEngine:
 
     @property
     def bundle_revision(self) -> str:
-        """The last bundle revision read from the server (``"unknown"`` before one)."""
+        """The server's bundle revision, re-read when older than ``revision_ttl``.
+
+        A decision cache reads this on every lookup, so a bundle swap on the server
+        is noticed within ``revision_ttl`` even when every lookup hits.
+        ``"unknown"`` until a read succeeds.
+        """
+        if not self._closed and self._clock() - self._revision_at >= self._revision_ttl:
+            self.refresh_revision()
         return self._revision
 
     def refresh_revision(self) -> str:
@@ -178,9 +185,7 @@ class OpaServerEngine:
             return failed_decision(
                 path, "engine closed", bundle_revision=self._revision, engine=self.name, seconds=0.0
             )
-        if self._clock() - self._revision_at >= self._revision_ttl:
-            self.refresh_revision()
-        revision = self._revision
+        revision = self.bundle_revision
         try:
             slash = normalize_path(path)
             body = self._client().query_rule(input_data=json_shape(input), package_path=slash)
