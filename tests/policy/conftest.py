@@ -1,0 +1,54 @@
+"""Fixtures of the policy tests: a scope, a bundle copy to break, a fake OPA server."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy.bundle import BUNDLE_DIR
+from policy.embedded import EmbeddedEngine
+from tests.policy.opa_fake import FakeOpa
+
+SCOPE: dict[str, Any] = {
+    "tenant": "acme",
+    "classification": "internal",
+    "model": "llama-3-8b",
+    "model_revision": "r1",
+    "adapter": None,
+    "adapter_revision": None,
+    "tokenizer": "llama3",
+    "tokenizer_revision": "v1",
+    "template_version": "sys-v3",
+}
+
+
+@pytest.fixture()
+def scope() -> dict[str, Any]:
+    """A valid internal scope of tenant acme."""
+    return dict(SCOPE)
+
+
+@pytest.fixture(scope="session")
+def embedded() -> EmbeddedEngine:
+    """One embedded engine over the bundled policy (tests of it are run once)."""
+    return EmbeddedEngine()
+
+
+@pytest.fixture()
+def bundle_copy(tmp_path: Path) -> Path:
+    """A writable copy of the bundled policy directory."""
+    dest = tmp_path / "rego"
+    shutil.copytree(BUNDLE_DIR, dest)
+    return dest
+
+
+@pytest.fixture()
+def fake_opa(embedded: EmbeddedEngine) -> Iterator[FakeOpa]:
+    """A local OPA-like server answering from the embedded engine."""
+    server = FakeOpa(embedded)
+    yield server
+    server.close()

@@ -1,0 +1,158 @@
+"""The decision cache: hits and misses, LRU bound, revision in the key, errors not cached."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy.cache import CachedEngine
+from policy.embedded import EmbeddedEngine
+from policy.engine import Decision, failed_decision, make_decision
+
+PATH = "kvgov/retention/decision"
+
+
+class CountingEngine:
+    """An engine answering {"n": k} for input {"n": k}, counting calls; can fail."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+        self.bundle_revision = "r1"
+
+    def evaluate(self, path: str, input: Mapping[str, Any]) -> Decision:
+        self.calls += 1
+        if self.fail:
+            return failed_decision(
+                path, "down", bundle_revision=self.bundle_revision, engine=self.name, seconds=0.0
+            )
+        return make_decision(
+            path, dict(input), bundle_revision=self.bundle_revision, engine=self.name, seconds=0.0
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def test_hit_returns_the_original_decision_id() -> None:
+    """A hit is marked cached and keeps the decision_id of the evaluation it came from."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    first = c.evaluate(PATH, {"n": 1})
+    second = c.evaluate(PATH, {"n": 1})
+    assert not first.cached and second.cached
+    assert second.decision_id == first.decision_id
+    assert inner.calls == 1
+    s = c.stats()
+    assert (s.hits, s.misses, s.size) == (1, 1, 1)
+
+
+def test_key_order_does_not_matter() -> None:
+    """Inputs equal as JSON objects share an entry, whatever their key order."""
+    c = CachedEngine(CountingEngine())
+    c.evaluate(PATH, {"a": 1, "b": 2})
+    assert c.evaluate(PATH, {"b": 2, "a": 1}).cached
+
+
+def test_true_and_one_are_different_inputs() -> None:
+    """JSON keys keep true and 1 apart (Python's True == 1 must not alias them)."""
+    c = CachedEngine(CountingEngine())
+    c.evaluate(PATH, {"x": 1})
+    assert not c.evaluate(PATH, {"x": True}).cached
+
+
+def test_path_is_part_of_the_key() -> None:
+    """The same input on another rule misses."""
+    c = CachedEngine(CountingEngine())
+    c.evaluate(PATH, {"n": 1})
+    assert not c.evaluate("kvgov/offload/decision", {"n": 1}).cached
+
+
+def test_lru_bound_evicts_least_recently_used() -> None:
+    """With maxsize 2, the least recently used of three entries is evicted."""
+    inner = CountingEngine()
+    c = CachedEngine(inner, maxsize=2)
+    c.evaluate(PATH, {"n": 1})
+    c.evaluate(PATH, {"n": 2})
+    c.evaluate(PATH, {"n": 1})  # 1 is now most recent
+    c.evaluate(PATH, {"n": 3})  # evicts 2
+    assert c.stats().size == 2
+    assert c.evaluate(PATH, {"n": 1}).cached
+    assert not c.evaluate(PATH, {"n": 2}).cached
+
+
+def test_zero_maxsize_disables_caching() -> None:
+    """maxsize 0 sends every call to the engine."""
+    inner = CountingEngine()
+    c = CachedEngine(inner, maxsize=0)
+    c.evaluate(PATH, {"n": 1})
+    assert not c.evaluate(PATH, {"n": 1}).cached and inner.calls == 2
+
+
+def test_negative_maxsize_is_refused() -> None:
+    """A negative bound raises ValueError."""
+    with pytest.raises(ValueError):
+        CachedEngine(CountingEngine(), maxsize=-1)
+
+
+def test_errors_are_not_cached() -> None:
+    """A fail-closed decision is not stored: the next call asks the engine again."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    inner.fail = True
+    assert c.evaluate(PATH, {"n": 1}).error == "down"
+    inner.fail = False
+    d = c.evaluate(PATH, {"n": 1})
+    assert d.error is None and not d.cached and inner.calls == 2
+
+
+def test_revision_change_misses() -> None:
+    """A new bundle revision misses instead of serving the old decision."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    c.evaluate(PATH, {"n": 1})
+    inner.bundle_revision = "r2"
+    d = c.evaluate(PATH, {"n": 1})
+    assert not d.cached and d.bundle_revision == "r2"
+
+
+def test_reload_misses(bundle_copy: Path, scope: dict[str, Any]) -> None:
+    """After an embedded reload the cache misses and serves the new policy."""
+    e = EmbeddedEngine(bundle_copy, run_tests=False)
+    c = CachedEngine(e)
+    assert c.evaluate(PATH, {"scope": scope}).result["ttl_seconds"] == 3600
+    e.reload(policy_data={"kvgov": {"config": {"retention_seconds": {"internal": 1}}}})
+    d = c.evaluate(PATH, {"scope": scope})
+    assert not d.cached and d.result["ttl_seconds"] == 1
+
+
+def test_caller_key_is_used() -> None:
+    """A caller-supplied key replaces the canonical JSON key."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    c.evaluate(PATH, {"n": 1}, key=("k",))
+    assert c.evaluate(PATH, {"n": 1}, key=("k",)).cached
+    assert not c.evaluate(PATH, {"n": 1}).cached
+
+
+def test_non_json_input_is_passed_through_uncached() -> None:
+    """An input that cannot be keyed goes to the engine and counts as a miss."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    c.evaluate(PATH, {"n": object()})
+    c.evaluate(PATH, {"n": object()})
+    assert inner.calls == 2 and c.stats().size == 0 and c.stats().misses == 2
+
+
+def test_clear_and_close() -> None:
+    """clear drops entries, keeping counters; close clears and closes the engine."""
+    c = CachedEngine(CountingEngine())
+    c.evaluate(PATH, {"n": 1})
+    c.clear()
+    assert c.stats().size == 0 and c.stats().misses == 1
+    c.close()
