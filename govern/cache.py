@@ -28,13 +28,13 @@ stream, kernel order guarantees that).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 

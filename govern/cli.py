@@ -221,9 +221,8 @@ def _replace(spec: KVSpec, **changes: Any) -> KVSpec:
 )
 @click.option(
     "--audit-url",
-    default="sqlite://",
-    show_default=True,
-    help="Audit database of the governed cache (in memory by default).",
+    default=None,
+    help="Audit database of the governed cache (default: a temporary SQLite file).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def replay_command(
@@ -233,7 +232,7 @@ def replay_command(
     block_size: int,
     limit: int | None,
     share_public_prefix: bool,
-    audit_url: str,
+    audit_url: str | None,
     as_json: bool,
 ) -> None:
     """Replay a Mooncake trace through the governed cache and an ungoverned LRU cache.

@@ -243,11 +243,11 @@ def simulate(
                 )
             if on_step is not None:
                 on_step(step + 1)
-        final = cache.stats()
     finally:
         cache.close()
         if server is not None:
             server.shutdown()
+    final = cache.stats()  # after close: includes the zeroization of the whole pool
     verification = verify(audit_url)
     report: dict[str, Any] = {
         "config": {

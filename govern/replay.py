@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -312,7 +313,7 @@ def run_replay(
     block_size: int = 16,
     limit: int | None = None,
     share_public_prefix: bool = False,
-    audit_url: str = "sqlite://",
+    audit_url: str | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Replay a trace through the governed cache and the ungoverned baseline, same capacity.
@@ -325,7 +326,8 @@ def run_replay(
         limit: replay only the first ``limit`` requests.
         share_public_prefix: mark the trace's common first block (512 tokens of
             system prompt) public and grant it to a share group of all tenants.
-        audit_url: the governed cache's audit database.
+        audit_url: the governed cache's audit database; None for a SQLite file
+            in a temporary directory, removed afterwards.
         progress: called with requests done.
 
     Returns:
@@ -358,13 +360,16 @@ def run_replay(
         )
         for name in names
     }
-    with GovernedKVCache.create(
-        spec=replay_spec(block_size),
-        num_blocks=blocks,
-        audit_url=audit_url,
-        ephemeral_secret=True,
-        policy_data=policy_data,
-    ) as cache:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvgov-replay-") as tmp,
+        GovernedKVCache.create(
+            spec=replay_spec(block_size),
+            num_blocks=blocks,
+            audit_url=audit_url or f"sqlite:///{Path(tmp) / 'audit.db'}",
+            ephemeral_secret=True,
+            policy_data=policy_data,
+        ) as cache,
+    ):
         governed = replay_governed(
             cache,
             requests,
