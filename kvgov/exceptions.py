@@ -33,6 +33,7 @@ __all__ = [
     "DuplicateSequence",
     "GovernError",
     "InternalError",
+    "InvalidArgument",
     "InvalidAuditEvent",
     "InvalidScope",
     "InvalidSpec",
@@ -318,6 +319,22 @@ class InvalidAuditEvent(AuditError, ValueError):
 
 class GovernError(KVGovError):
     """Root of errors raised by the governed cache (``govern``)."""
+
+
+class InvalidArgument(GovernError, ValueError):
+    """An argument to the governed cache is out of range or of the wrong type.
+
+    Args:
+        name: the argument.
+        value: the value given.
+        reason: what is accepted.
+    """
+
+    def __init__(self, name: str, value: object, reason: str) -> None:
+        self.name = name
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {name}={value!r}: {reason}")
 
 
 class InvalidScope(GovernError, ValueError):
