@@ -1213,10 +1213,23 @@ _MAX_VIEWS = 65_536
 def _by_owner(
     owner: list[CacheScope | None], block_ids: Iterable[int]
 ) -> list[tuple[CacheScope | None, list[int]]]:
-    groups: dict[CacheScope | None, list[int]] = {}
+    """Group block ids by owning scope, in first-seen order.
+
+    Groups by object identity: every block of one admission holds the same scope
+    object, and hashing a scope's nine fields per block would dominate the cost.
+    """
+    groups: dict[int, tuple[CacheScope | None, list[int]]] = {}
+    last: object = groups  # a sentinel no owner can be
+    current: list[int] = []
     for b in block_ids:
-        groups.setdefault(owner[b], []).append(b)
-    return list(groups.items())
+        scope = owner[b]
+        if scope is not last:  # runs of one owner are the rule: one identity test per block
+            group = groups.get(id(scope))
+            if group is None:
+                group = groups[id(scope)] = (scope, [])
+            current, last = group[1], scope
+        current.append(b)
+    return list(groups.values())
 
 
 def _check_seq_id(seq_id: object) -> None:
