@@ -1,0 +1,45 @@
+"""The paged KV block pool: layout, refcounts, prefix index, eviction, batched zeroization.
+
+Knows nothing of tenants, policy or audit: it emits typed events that the
+govern layer drains (:meth:`BlockPool.take_events`).
+"""
+
+from allocator.events import (
+    BlocksAllocated,
+    BlocksEvicted,
+    BlocksHit,
+    BlocksKeyed,
+    BlocksZeroized,
+    PoolEvent,
+)
+from allocator.eviction import EvictionQueue
+from allocator.metadata import BlockState
+from allocator.pool import BlockPool, PoolCounts, Revoked
+from allocator.sizing import (
+    Capacity,
+    blocks_in_bytes,
+    capacity,
+    concurrent_sequences,
+    tokens_in_bytes,
+)
+from allocator.spec import KVSpec
+
+__all__ = [
+    "BlockPool",
+    "BlockState",
+    "BlocksAllocated",
+    "BlocksEvicted",
+    "BlocksHit",
+    "BlocksKeyed",
+    "BlocksZeroized",
+    "Capacity",
+    "EvictionQueue",
+    "KVSpec",
+    "PoolCounts",
+    "PoolEvent",
+    "Revoked",
+    "blocks_in_bytes",
+    "capacity",
+    "concurrent_sequences",
+    "tokens_in_bytes",
+]

@@ -1,0 +1,98 @@
+"""Typed events the pool emits, drained with :meth:`BlockPool.take_events`.
+
+One event per call (or per batch), never one per block: each carries the block
+ids it covers as a tuple. The allocator knows nothing of tenants or audit; the
+govern layer drains these right after each call, attaches the scope it knows,
+and hands them to the audit trail.
+
+Order within one call is the order things happened: an ``allocate`` that had to
+evict emits :class:`BlocksEvicted` (reason ``"capacity"``), then
+:class:`BlocksZeroized`, then :class:`BlocksAllocated`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BlocksAllocated",
+    "BlocksEvicted",
+    "BlocksHit",
+    "BlocksKeyed",
+    "BlocksZeroized",
+    "PoolEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksAllocated:
+    """FREE (zeroed) blocks were handed out by ``allocate``, each with one reference.
+
+    Attributes:
+        block_ids: the blocks, in the order returned to the caller.
+    """
+
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksKeyed:
+    """OWNED blocks were given a cache key and entered the key index (``set_keys``).
+
+    Attributes:
+        block_ids: the blocks whose key was indexed (not those refused as duplicates).
+    """
+
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksHit:
+    """``lookup`` found these blocks by key and took a reference on each.
+
+    Attributes:
+        block_ids: the blocks, in key order (the longest leading run that hit).
+    """
+
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksEvicted:
+    """CACHED blocks lost their key and went DIRTY (they are zeroized right after).
+
+    Attributes:
+        block_ids: the blocks, in eviction order.
+        keys: the key each block held, same order.
+        reason: ``"capacity"`` (allocation pressure), ``"expired"`` (TTL),
+            ``"closed"`` (pool closed), or the caller's reason given to ``revoke``.
+    """
+
+    block_ids: tuple[int, ...]
+    keys: tuple[bytes, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksZeroized:
+    """Blocks were overwritten with zeros (and, with ``verify=True``, read back as zero).
+
+    Emitted only after the zeros are in memory: on CUDA after the pool's stream
+    finished the batch.
+
+    Attributes:
+        block_ids: the blocks, ascending.
+        nbytes: bytes overwritten.
+        device: the pool's device, e.g. ``"cpu"`` or ``"cuda:0"``.
+        seconds: time the zeroing took: host wall time on CPU, device time between
+            two events around the batch on CUDA (verification read-back excluded).
+    """
+
+    block_ids: tuple[int, ...]
+    nbytes: int
+    device: str
+    seconds: float
+
+
+#: Any event the pool emits.
+PoolEvent = BlocksAllocated | BlocksKeyed | BlocksHit | BlocksEvicted | BlocksZeroized

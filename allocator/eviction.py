@@ -1,0 +1,118 @@
+"""The queue of CACHED blocks in eviction order: :class:`EvictionQueue`."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+__all__ = ["EvictionQueue"]
+
+
+class EvictionQueue:
+    """CACHED blocks in eviction order: lowest priority first, least recently used within one.
+
+    Why this structure: eviction pops from the least-recently-used end, caching a
+    block appends at the other, and a prefix hit must pull a block out of the
+    *middle* of the queue (it is OWNED again and must not be evicted). A
+    ``deque`` removes from the middle in O(n); vLLM therefore hand-writes a
+    doubly linked list (``FreeKVCacheBlockQueue``). An ``OrderedDict`` *is* a
+    doubly linked list plus a hash map, implemented in C: append
+    (``q[b] = None``), pop-front (``popitem(last=False)``) and removal by block
+    id (``del q[b]``) are all O(1) and allocate no per-block Python node that
+    we manage. One ``OrderedDict`` per priority level that has blocks (at most
+    101 levels, 0..100); the lowest non-empty level is found with ``min`` over
+    the levels present, which is a handful in practice and at most 101.
+
+    Invariants: a block id appears in at most one level; no level is empty;
+    ``len(self)`` equals the total number of ids held.
+
+    Not thread safe on its own: the pool calls it under its lock.
+    """
+
+    __slots__ = ("_levels", "_size")
+
+    def __init__(self) -> None:
+        self._levels: dict[int, OrderedDict[int, None]] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield block ids in the order they would be evicted."""
+        for priority in sorted(self._levels):
+            yield from self._levels[priority]
+
+    def levels(self) -> dict[int, tuple[int, ...]]:
+        """Return each non-empty priority level and its block ids, LRU first.
+
+        Returns:
+            A snapshot mapping priority to block ids.
+        """
+        return {p: tuple(q) for p, q in sorted(self._levels.items())}
+
+    def extend(self, block_ids: Iterable[int], priority: bytearray) -> None:
+        """Append blocks at the most-recently-used end of their level, in the given order.
+
+        Args:
+            block_ids: blocks that just became CACHED (not already queued).
+            priority: the pool's per-block priority array.
+        """
+        levels = self._levels
+        n = 0
+        for b in block_ids:
+            p = priority[b]
+            q = levels.get(p)
+            if q is None:
+                q = levels[p] = OrderedDict()
+            q[b] = None
+            n += 1
+        self._size += n
+
+    def remove(self, block_id: int, priority: int) -> None:
+        """Take one block out of the queue, wherever it is (O(1)).
+
+        Args:
+            block_id: a queued block.
+            priority: the level it was queued at.
+
+        Raises:
+            KeyError: the block is not queued at that level (a caller bug).
+        """
+        q = self._levels[priority]
+        del q[block_id]
+        if not q:
+            del self._levels[priority]
+        self._size -= 1
+
+    def pop(self, n: int) -> list[int]:
+        """Remove and return the next ``n`` blocks in eviction order.
+
+        Args:
+            n: how many; at most ``len(self)``.
+
+        Returns:
+            The block ids, first evicted first.
+
+        Raises:
+            ValueError: ``n`` is more than the queue holds (a caller bug).
+        """
+        if n > self._size:
+            raise ValueError(f"cannot pop {n} blocks from a queue of {self._size}")
+        out: list[int] = []
+        levels = self._levels
+        while len(out) < n:
+            priority = min(levels)
+            q = levels[priority]
+            take = min(n - len(out), len(q))
+            if take == len(q):
+                out.extend(q)
+                del levels[priority]
+            else:
+                head = list(islice(q, take))
+                for b in head:
+                    del q[b]
+                out.extend(head)
+        self._size -= n
+        return out
