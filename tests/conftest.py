@@ -23,7 +23,11 @@ def _pg_admin_connect():  # type: ignore[no-untyped-def]
     import psycopg
 
     return psycopg.connect(
-        host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres", autocommit=True,
+        host=PG_HOST,
+        port=PG_PORT,
+        user=PG_USER,
+        dbname="postgres",
+        autocommit=True,
         connect_timeout=3,
     )
 
@@ -83,7 +87,9 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_available():
         return
-    skip_gpu = pytest.mark.skip(reason="no CUDA device on this machine (torch.cuda.is_available() is False)")
+    skip_gpu = pytest.mark.skip(
+        reason="no CUDA device on this machine (torch.cuda.is_available() is False)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
