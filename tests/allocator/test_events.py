@@ -1,0 +1,41 @@
+"""Tests for allocator.events: events are small frozen objects read by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from allocator.events import (
+    BlocksAllocated,
+    BlocksEvicted,
+    BlocksHit,
+    BlocksKeyed,
+    BlocksZeroized,
+)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        BlocksAllocated((1, 2)),
+        BlocksKeyed((1,)),
+        BlocksHit((3,)),
+        BlocksEvicted((4,), (b"k",), "capacity"),
+        BlocksZeroized((5, 6), 64, "cpu", 0.001),
+    ],
+)
+def test_events_are_frozen(event: object) -> None:
+    """No event field can be reassigned."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.block_ids = ()  # type: ignore[attr-defined]
+
+
+def test_events_use_slots() -> None:
+    """Events carry no per-instance __dict__."""
+    assert not hasattr(BlocksZeroized((1,), 1, "cpu", 0.0), "__dict__")
+
+
+def test_events_compare_by_value() -> None:
+    """Two events with the same fields are equal."""
+    assert BlocksEvicted((1,), (b"a",), "expired") == BlocksEvicted((1,), (b"a",), "expired")

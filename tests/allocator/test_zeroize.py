@@ -1,0 +1,124 @@
+"""Tests for allocator.zeroize: run coalescing, clearing, verification, CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from allocator.zeroize import (
+    CpuZeroizer,
+    RunViews,
+    coalesce_runs,
+    make_zeroizer,
+)
+from kvgov.exceptions import ZeroizationError
+
+
+def _words(blocks: int = 8, width: int = 4) -> torch.Tensor:
+    return torch.arange(1, blocks * width + 1, dtype=torch.int64).view(blocks, width)
+
+
+@pytest.mark.parametrize(
+    ("ids", "runs"),
+    [
+        ([], []),
+        ([5], [(5, 6)]),
+        ([0, 1, 2, 3], [(0, 4)]),
+        ([1, 2, 3, 7, 9, 10], [(1, 4), (7, 8), (9, 11)]),
+        ([0, 2, 4], [(0, 1), (2, 3), (4, 5)]),
+        ([3, 4, 6, 7, 8], [(3, 5), (6, 9)]),
+    ],
+)
+def test_coalesce_runs(ids: list[int], runs: list[tuple[int, int]]) -> None:
+    """Ascending ids merge into half-open runs of adjacent ids."""
+    assert coalesce_runs(ids) == runs
+
+
+def test_cpu_zeroizer_clears_exactly_the_runs() -> None:
+    """Only the blocks in the runs are zeroed; their neighbours keep their bytes."""
+    words = _words()
+    before = words.clone()
+    seconds = CpuZeroizer(words, verify=True).zeroize([(1, 3), (5, 6)])
+    assert seconds >= 0.0
+    for b in range(8):
+        if b in (1, 2, 5):
+            assert not words[b].any()
+        else:
+            assert torch.equal(words[b], before[b])
+
+
+def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
+    """Six blocks in three runs are cleared with three zero_() calls."""
+    calls: list[tuple[int, ...]] = []
+
+    class Counting(CpuZeroizer):
+        def _clear(self, view: torch.Tensor) -> None:
+            calls.append(tuple(view.shape))
+            super()._clear(view)
+
+    Counting(_words(16), verify=False).zeroize(coalesce_runs([1, 2, 3, 7, 9, 10]))
+    assert calls == [(3, 4), (1, 4), (2, 4)]
+
+
+class _Faulty(CpuZeroizer):
+    """A zeroizer whose memset silently does nothing to block 2 (a broken device)."""
+
+    def _clear(self, view: torch.Tensor) -> None:
+        view.zero_()
+        if view.data_ptr() <= self._target.data_ptr() < view.data_ptr() + view.nbytes:
+            self._target.fill_(7)
+
+    def __init__(self, words: torch.Tensor, verify: bool) -> None:
+        super().__init__(words, verify)
+        self._target = words[2]
+
+    __slots__ = ("_target",)
+
+
+def test_verify_raises_naming_the_blocks_left_non_zero() -> None:
+    """With verify on, a block that reads back non-zero raises ZeroizationError naming it."""
+    words = _words()
+    with pytest.raises(ZeroizationError) as info:
+        _Faulty(words, verify=True).zeroize([(0, 4)])
+    assert info.value.block_ids == (2,)
+
+
+def test_without_verify_a_failed_clear_goes_unnoticed() -> None:
+    """Verification is what catches a failed clear: without it no error is raised."""
+    _Faulty(_words(), verify=False).zeroize([(0, 4)])
+
+
+def test_run_views_memoize_and_stay_bounded() -> None:
+    """The same run returns the same view; past the limit the memo is emptied."""
+    words = _words()
+    views = RunViews(words, limit=2)
+    first = views.get((0, 2))
+    assert views.get((0, 2)) is first
+    assert torch.equal(first, words[0:2])
+    views.get((2, 3))
+    views.get((3, 4))  # over the limit: memo emptied, then refilled
+    assert views.get((0, 2)) is not first
+
+
+def test_make_zeroizer_picks_cpu_for_cpu_tensors() -> None:
+    """A CPU tensor gets the CPU zeroizer."""
+    assert isinstance(make_zeroizer(_words(), verify=False), CpuZeroizer)
+
+
+@pytest.mark.gpu
+def test_cuda_zeroizer_clears_runs_on_the_device() -> None:
+    """On CUDA the runs are zero in device memory when zeroize returns, and verified."""
+    from allocator.zeroize import CudaZeroizer
+
+    words = _words(64, 1024).cuda()
+    before = words.clone()
+    zeroizer = make_zeroizer(words, verify=True)
+    assert isinstance(zeroizer, CudaZeroizer)
+    seconds = zeroizer.zeroize([(3, 9), (20, 21)])
+    assert seconds >= 0.0
+    cleared = set(range(3, 9)) | {20}
+    for b in range(64):
+        if b in cleared:
+            assert not words[b].any().item()
+        else:
+            assert torch.equal(words[b], before[b])
