@@ -432,7 +432,7 @@ def test_expiry_heap_is_compacted() -> None:
 def test_revoke_evicts_cached_and_detaches_owned() -> None:
     """revoke evicts CACHED blocks now and unindexes OWNED keyed ones; others are ignored."""
     pool = make_pool()
-    a, b, c, d = pool.allocate(4)
+    a, b, c, _d = pool.allocate(4)
     pool.set_keys([a, b], [b"a", b"b"])
     fill(pool, [a, b])
     pool.free([a])
