@@ -22,8 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from govern import CacheScope, GovernedKVCache
-from govern.replay import load_trace, replay_governed, replay_spec, replay_ungoverned
+from govern import GovernedKVCache
+from govern.replay import (
+    load_trace,
+    replay_governed,
+    replay_spec,
+    replay_ungoverned,
+    trace_scope,
+)
 
 TRACE = (
     Path(__file__).resolve().parents[1]
@@ -32,15 +38,7 @@ TRACE = (
     / "data"
     / ("mooncake_conversation_trace.jsonl")
 )
-SCOPE = CacheScope(
-    tenant="tenant-0",
-    classification="internal",
-    model="trace-model",
-    model_revision="1",
-    tokenizer="trace-tokenizer",
-    tokenizer_revision="1",
-    template_version="1",
-)
+SCOPE = trace_scope("tenant-0")
 
 
 def main() -> int:

@@ -317,16 +317,20 @@ class VllmSide:
             self._gpool = pool
         return self._gpool
 
-    def governed_miss(self, iters: int) -> dict[str, float]:
-        pool = self._governed_pool()
-        requests = [self._request(_fresh_tokens(self._next())) for _ in range(iters)]
+    def _timed_serve(self, pool: Any, requests: list[Any]) -> tuple[float, int]:
+        """Seconds to serve the requests one after another, and the blocks they hit."""
         serve = self._serve
         gc.collect()
         start = time.perf_counter()
         hits = 0
         for request in requests:
             hits += serve(pool, request)
-        seconds = time.perf_counter() - start
+        return time.perf_counter() - start, hits
+
+    def governed_miss(self, iters: int) -> dict[str, float]:
+        pool = self._governed_pool()
+        requests = [self._request(_fresh_tokens(self._next())) for _ in range(iters)]
+        seconds, hits = self._timed_serve(pool, requests)
         if hits:
             raise RuntimeError("vLLM governed_miss: a fresh prompt hit")
         return {"governed_miss": seconds / (iters * PROMPT_BLOCKS) * 1e6}
@@ -336,13 +340,7 @@ class VllmSide:
         tokens = _fresh_tokens(self._next())
         self._serve(pool, self._request(tokens))
         requests = [self._request(tokens) for _ in range(iters)]
-        serve = self._serve
-        gc.collect()
-        start = time.perf_counter()
-        hits = 0
-        for request in requests:
-            hits += serve(pool, request)
-        seconds = time.perf_counter() - start
+        seconds, hits = self._timed_serve(pool, requests)
         if hits != iters * (PROMPT_BLOCKS - 1):
             raise RuntimeError(f"vLLM governed_hit: {hits} hits")
         return {"governed_hit": seconds / (iters * PROMPT_BLOCKS) * 1e6}
@@ -458,23 +456,15 @@ class KvgovSide:
 
     def __init__(self, workdir: Path) -> None:
         from allocator import BlockPool
-        from govern import CacheScope, GovernedKVCache
+        from govern import GovernedKVCache
         from govern.keys import KeyDeriver, namespace_root, pack_tokens, scope_digest
-        from govern.replay import replay_spec
+        from govern.replay import replay_spec, trace_scope
 
         self.BlockPool = BlockPool
         self.GovernedKVCache = GovernedKVCache
         self.pack_tokens = pack_tokens
         self.spec = replay_spec(BLOCK)
-        self.scope = CacheScope(
-            tenant="tenant-0",
-            classification="internal",
-            model="bench-model",
-            model_revision="1",
-            tokenizer="bench-tokenizer",
-            tokenizer_revision="1",
-            template_version="1",
-        )
+        self.scope = trace_scope("tenant-0")
         self.deriver = KeyDeriver(secrets.token_bytes(32))
         self.root = namespace_root("tenant", self.scope.tenant)
         self.digest = scope_digest(self.scope)

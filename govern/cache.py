@@ -76,7 +76,7 @@ from .keys import (
 )
 from .logs import get_logger
 from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
-from .scope import SCOPE_FIELDS, CacheScope
+from .scope import CacheScope
 from .stats import CacheStats, _sum, _TenantCounters
 
 __all__ = ["GovernedKVCache"]
@@ -92,10 +92,9 @@ class _ScopeView:
     """What the cache derives once per scope (digest, namespace, audit fields)."""
 
     scope: CacheScope
-    policy_input: Mapping[str, Any]  # the scope dict the policy sees
+    fields: Mapping[str, Any]  # the scope dict: policy input and AuditEvent keyword arguments
     digest: ScopeDigest  # scope digest (tenant excluded)
     own_root: NamespaceRoot  # the tenant's namespace root
-    audit_fields: Mapping[str, Any]  # scope fields as AuditEvent keyword arguments
 
 
 class _Sequence:
@@ -378,14 +377,14 @@ class GovernedKVCache:
             view = self._view(scope)
             num_tokens = len(packed) // 4
             counters = self._counters[scope.tenant]
-            adm = self._policy.admission(view.policy_input, num_tokens, priority)
+            adm = self._policy.admission(view.fields, num_tokens, priority)
             decision = adm.decision
             if not adm.allow:
                 counters.denials[_denial_key(adm.reason, decision.error)] += 1
                 self._audit.record(
                     AuditEvent(
                         type=EventType.POLICY_ERROR if decision.error else EventType.POLICY_DENIED,
-                        **view.audit_fields,
+                        **view.fields,
                         sequence_id=seq_id,
                         token_count=num_tokens,
                         decision_id=decision.decision_id,
@@ -481,7 +480,7 @@ class GovernedKVCache:
             self._audit.record(
                 AuditEvent(
                     type=EventType.ADMISSION,
-                    **view.audit_fields,
+                    **view.fields,
                     sequence_id=seq_id,
                     block_ids=tuple(block_ids),
                     token_count=num_tokens,
@@ -943,10 +942,9 @@ class GovernedKVCache:
             self._views.clear()
         view = _ScopeView(
             scope=scope,
-            policy_input=scope.as_dict(),
+            fields=scope.as_dict(),
             digest=scope_digest(scope),
             own_root=namespace_root("tenant", scope.tenant),
-            audit_fields={name: getattr(scope, name) for name in SCOPE_FIELDS},
         )
         self._views[scope] = view
         return view
@@ -1020,7 +1018,7 @@ class GovernedKVCache:
             pair = (asking.scope, owner)
             if pair in granted:
                 continue
-            share = self._policy.sharing(asking.policy_input, self._view(owner).policy_input)
+            share = self._policy.sharing(asking.fields, self._view(owner).fields)
             if not share.allow:
                 cut, denied = i, (owner, share)
                 break
@@ -1036,7 +1034,7 @@ class GovernedKVCache:
             self._audit.record(
                 AuditEvent(
                     type=EventType.SHARE_DENIED,
-                    **{**self._view(owner).audit_fields, "requester_tenant": requester},
+                    **{**self._view(owner).fields, "requester_tenant": requester},
                     sequence_id=seq_id,
                     decision_id=share.decision.decision_id,
                     policy_revision=share.decision.bundle_revision,
@@ -1047,7 +1045,7 @@ class GovernedKVCache:
         for owner, ids in _by_owner(owner_of, hit_ids):
             if owner is None:  # pragma: no cover - excluded by the loop above
                 continue
-            fields = {**self._view(owner).audit_fields, "requester_tenant": requester}
+            fields = {**self._view(owner).fields, "requester_tenant": requester}
             if owner.tenant == requester:
                 self._audit.record(
                     AuditEvent(
@@ -1079,9 +1077,9 @@ class GovernedKVCache:
     ) -> _KeyPlan:
         """Decide the namespaces, retention and keys of a cacheable admission."""
         policy = self._policy
-        groups = policy.share_groups(view.policy_input)
+        groups = policy.share_groups(view.fields)
         root = view.own_root if groups.publish is None else self._group_root(groups.publish)
-        ttl = float(policy.retention(view.policy_input).ttl_seconds)
+        ttl = float(policy.retention(view.fields).ttl_seconds)
         if ttl <= 0:
             return _KeyPlan(root, root)  # nothing may be kept: key nothing
         bs = self._block_size
@@ -1089,9 +1087,9 @@ class GovernedKVCache:
         prefix_blocks = min(public_prefix_tokens // bs, num_full)
         if prefix_blocks:
             pview = self._view(replace(view.scope, classification=_PUBLIC))
-            pgroups = policy.share_groups(pview.policy_input)
+            pgroups = policy.share_groups(pview.fields)
             proot = pview.own_root if pgroups.publish is None else self._group_root(pgroups.publish)
-            pttl = float(policy.retention(pview.policy_input).ttl_seconds)
+            pttl = float(policy.retention(pview.fields).ttl_seconds)
             if pttl > 0:
                 prefix_keys = derive(proot, packed, pview.digest, bs, prefix_blocks)
                 rest_parent = continuation_root(root, prefix_keys[-1])
@@ -1130,7 +1128,7 @@ class GovernedKVCache:
             self._audit.record(
                 AuditEvent(
                     type=EventType.RELEASE if reason == "released" else EventType.LIFECYCLE,
-                    **seq.view.audit_fields,
+                    **seq.view.fields,
                     sequence_id=seq_id,
                     block_ids=tuple(seq.block_ids),
                     token_count=seq.num_tokens,
@@ -1180,7 +1178,7 @@ class GovernedKVCache:
                     self._audit.record(
                         AuditEvent(
                             type=EventType.EVICTION,
-                            **(self._view(scope).audit_fields if scope else {}),
+                            **(self._view(scope).fields if scope else {}),
                             block_ids=tuple(ids),
                             details={"reason": event.reason},
                         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from allocator import KVSpec
 from allocator.sizing import capacity
+from allocator.spec import parse_dtype
 from audit.cli import audit_group, db_group
 from kvgov.exceptions import KVGovError
 from policy.cli import policy_group
@@ -125,16 +127,16 @@ def capacity_command(
         if layers is None or kv_heads is None or head_dim is None:
             raise click.UsageError("give --config, or all of --layers, --kv-heads, --head-dim")
         base = KVSpec(
-            layers, kv_heads, head_dim, block_size=block_size, dtype=_dtype(dtype or "float16")
+            layers, kv_heads, head_dim, block_size=block_size, dtype=parse_dtype(dtype or "float16")
         )
     rows = []
     variants = [("as given", base)]
-    fp8 = _dtype("fp8")
+    fp8 = parse_dtype("fp8")
     if base.dtype != fp8:
-        variants.append(("fp8 KV", _replace(base, dtype=fp8)))
+        variants.append(("fp8 KV", replace(base, dtype=fp8)))
     for size in (8, 16, 32, 64):
         if size != base.block_size:
-            variants.append((f"block {size}", _replace(base, block_size=size)))
+            variants.append((f"block {size}", replace(base, block_size=size)))
     for label, spec in variants:
         cap = capacity(spec, budget, mean_context)
         rows.append(
@@ -180,18 +182,6 @@ def capacity_command(
             f"{r['concurrent_sequences']:,}",
         )
     Console().print(table)
-
-
-def _dtype(name: str) -> Any:
-    from allocator.spec import parse_dtype
-
-    return parse_dtype(name)
-
-
-def _replace(spec: KVSpec, **changes: Any) -> KVSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
 
 
 @main.command("replay")

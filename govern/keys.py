@@ -48,7 +48,7 @@ from typing import NewType
 from kvgov.defaults import KEY_SECRET_ENV, MIN_KEY_SECRET_BYTES
 from kvgov.exceptions import InvalidTokens, KeySecretError
 
-from .scope import CacheScope
+from .scope import SCOPE_FIELDS, CacheScope
 
 __all__ = [
     "CacheKey",
@@ -72,16 +72,8 @@ NamespaceRoot = NewType("NamespaceRoot", bytes)
 _SCOPE_TAG = b"kvgov.scope.v1\x00"
 _NAMESPACE_TAG = b"kvgov.namespace.v1\x00"
 _CONTINUE_TAG = b"kvgov.continue.v1\x00"
-_DIGEST_FIELDS = (
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-)
+#: Every scope field but the tenant (which is the namespace), in scope order.
+_DIGEST_FIELDS = tuple(name for name in SCOPE_FIELDS if name != "tenant")
 
 
 def _field(value: str | None) -> bytes:

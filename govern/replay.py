@@ -51,6 +51,7 @@ __all__ = [
     "replay_ungoverned",
     "run_replay",
     "tenant_of",
+    "trace_scope",
 ]
 
 #: Tokens one Mooncake hash id stands for.
@@ -192,6 +193,26 @@ def tenant_of(req: TraceRequest, tenants: int) -> str:
         return "tenant-0"
     conversation = req.hash_ids[1] if len(req.hash_ids) > 1 else req.hash_ids[0]
     return f"tenant-{(conversation * _GOLDEN % 2**32) % tenants}"
+
+
+def trace_scope(tenant: str) -> CacheScope:
+    """The scope trace requests of ``tenant`` are replayed under (``internal`` data).
+
+    Args:
+        tenant: the tenant, e.g. from :func:`tenant_of`.
+
+    Returns:
+        A scope whose other fields are fixed, so only the tenant separates requests.
+    """
+    return CacheScope(
+        tenant=tenant,
+        classification="internal",
+        model="trace-model",
+        model_revision="1",
+        tokenizer="trace-tokenizer",
+        tokenizer_revision="1",
+        template_version="1",
+    )
 
 
 def replay_spec(block_size: int) -> KVSpec:
@@ -348,18 +369,7 @@ def run_replay(
             }
         }
     prefix = MOONCAKE_BLOCK_TOKENS if share_public_prefix else 0
-    scopes = {
-        name: CacheScope(
-            tenant=name,
-            classification="internal",
-            model="trace-model",
-            model_revision="1",
-            tokenizer="trace-tokenizer",
-            tokenizer_revision="1",
-            template_version="1",
-        )
-        for name in names
-    }
+    scopes = {name: trace_scope(name) for name in names}
     with (
         tempfile.TemporaryDirectory(prefix="kvgov-replay-") as tmp,
         GovernedKVCache.create(

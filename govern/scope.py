@@ -7,6 +7,7 @@ from typing import Any
 
 from kvgov.defaults import MAX_SCOPE_FIELD_CHARS
 from kvgov.exceptions import InvalidScope
+from policy.client import SCOPE_FIELDS
 
 __all__ = ["SCOPE_FIELDS", "CacheScope"]
 
@@ -84,20 +85,7 @@ def _check_identifier(name: str, value: object) -> None:
         raise InvalidScope(name, value, "must contain printable characters only")
 
 
-#: The scope's fields in their fixed order (the order of the scope digest).
-SCOPE_FIELDS: tuple[str, ...] = (
-    "tenant",
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-)
-
-if {f.name for f in fields(CacheScope)} != set(
-    SCOPE_FIELDS
-):  # pragma: no cover - import-time guard
+# An import-time guard: the policy input, the scope digest and the audit events are
+# built from SCOPE_FIELDS (the policy's scope schema), so it must name every field.
+if {f.name for f in fields(CacheScope)} != set(SCOPE_FIELDS):  # pragma: no cover
     raise RuntimeError("SCOPE_FIELDS is out of date with CacheScope")
