@@ -620,11 +620,13 @@ def test_memory_reused_after_close_holds_no_kv() -> None:
     """A tensor allocated after close in the same process does not see the pool's data."""
     big = KVSpec(num_layers=4, num_kv_heads=8, head_dim=128, block_size=16)
     pool = BlockPool(big, 16)
-    marker = 12345.0
+    # a 64-bit pattern, so recycled memory holding other data cannot match it by chance
+    # (a 16-bit marker did, about once in four full runs)
+    marker = 0x0123_4567_89AB_CDEF
     for b in range(16):
-        pool.block(b).fill_(marker)
+        pool.block(b).view(torch.int64).fill_(marker)
     pool.close()
-    fresh = torch.empty(16 * big.bytes_per_block // 2, dtype=torch.float16)
+    fresh = torch.empty(16 * big.bytes_per_block // 8, dtype=torch.int64)
     assert not bool((fresh == marker).any())
 
 
