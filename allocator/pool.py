@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import torch
 
@@ -909,15 +909,15 @@ class BlockPool:
         count = self._meta.count
         keys = self._meta.key
         index = self._index
-        dropped: list[bytes] = []
-        for b in blocks:
-            k = keys[b]
-            if k is None:
-                raise InternalError(f"CACHED block {b} has no key")
+        found: list[bytes | None] = [keys[b] for b in blocks]
+        if None in found:
+            raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
+        dropped = cast(list[bytes], found)
+        for k in dropped:
             del index[k]
+        for b in blocks:
             keys[b] = None
             count[b] = FREE_CODE  # see _zeroize
-            dropped.append(k)
         self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))
         self._zeroize(blocks)
 

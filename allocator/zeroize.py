@@ -169,8 +169,8 @@ class CpuZeroizer:
     """Zeroizes blocks of a CPU pool; ``seconds`` is host wall time of the clears.
 
     Small runs are cleared by libc ``memset`` on the pool's own memory with the GIL
-    held (see :func:`_libc_memset` for why), through the run's view (a contiguous
-    slice of the pool); runs over ``GIL_HELD_MAX_BYTES`` by ``zero_()`` on that view.
+    held (see :func:`_libc_memset` for why), straight on the pool's contiguous
+    memory; runs over ``GIL_HELD_MAX_BYTES`` by ``zero_()`` on a view of the run.
     Either way the bytes are zero when this returns.
 
     Args:
@@ -181,7 +181,7 @@ class CpuZeroizer:
         InternalError: ``words`` is not contiguous (the byte arithmetic needs it).
     """
 
-    __slots__ = ("_limit", "_memset", "_verify", "_views", "_words")
+    __slots__ = ("_base", "_block_bytes", "_limit", "_memset", "_verify", "_views", "_words")
 
     def __init__(self, words: torch.Tensor, verify: bool) -> None:
         if not words.is_contiguous():
@@ -191,21 +191,24 @@ class CpuZeroizer:
         self._verify = verify
         self._memset = _libc_memset()
         self._limit = GIL_HELD_MAX_BYTES if self._memset is not None else -1
+        self._base = words.data_ptr()
+        self._block_bytes = words.shape[1] * words.element_size()
 
-    def _clear(self, view: torch.Tensor) -> None:
-        nbytes = view.numel() * view.element_size()
+    def _clear(self, start: int, stop: int) -> None:
+        """Zero blocks ``start .. stop - 1`` (one run); the one place bytes are cleared."""
+        nbytes = (stop - start) * self._block_bytes
         if nbytes <= self._limit:
-            self._memset(view.data_ptr(), 0, nbytes)  # type: ignore[misc]
+            # the pool's own contiguous memory: no tensor view needed for the address
+            self._memset(self._base + start * self._block_bytes, 0, nbytes)  # type: ignore[misc]
         else:
-            view.zero_()
+            self._views.get((start, stop)).zero_()
 
     def zeroize(self, runs: Sequence[tuple[int, int]]) -> float:
         """Zero every block in ``runs`` (see :meth:`Zeroizer.zeroize`)."""
-        view = self._views.get
         clear = self._clear
         t0 = time.perf_counter()
-        for run in runs:
-            clear(view(run))
+        for start, stop in runs:
+            clear(start, stop)
         seconds = time.perf_counter() - t0
         if self._verify:
             _verify(self._words, runs)

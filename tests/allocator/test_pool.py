@@ -496,7 +496,7 @@ def test_zeroize_refuses_live_blocks(state: str) -> None:
 class _NoOpZeroizer(CpuZeroizer):
     """Simulates a device whose clears silently do nothing."""
 
-    def _clear(self, view: torch.Tensor) -> None:
+    def _clear(self, start: int, stop: int) -> None:
         pass
 
 

@@ -52,9 +52,9 @@ def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
     calls: list[tuple[int, ...]] = []
 
     class Counting(CpuZeroizer):
-        def _clear(self, view: torch.Tensor) -> None:
-            calls.append(tuple(view.shape))
-            super()._clear(view)
+        def _clear(self, start: int, stop: int) -> None:
+            calls.append(tuple(self._words[start:stop].shape))
+            super()._clear(start, stop)
 
     Counting(_words(16), verify=False).zeroize(coalesce_runs([1, 2, 3, 7, 9, 10]))
     assert calls == [(3, 4), (1, 4), (2, 4)]
@@ -63,8 +63,9 @@ def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
 class _Faulty(CpuZeroizer):
     """A zeroizer whose memset silently does nothing to block 2 (a broken device)."""
 
-    def _clear(self, view: torch.Tensor) -> None:
-        view.zero_()
+    def _clear(self, start: int, stop: int) -> None:
+        super()._clear(start, stop)
+        view = self._words[start:stop]
         if view.data_ptr() <= self._target.data_ptr() < view.data_ptr() + view.nbytes:
             self._target.fill_(7)
 
