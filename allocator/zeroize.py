@@ -135,18 +135,26 @@ class RunViews:
         return view
 
 
-def _libc_memset() -> Callable[[int, int, int], object] | None:
-    """libc ``memset`` called *with* the GIL held, or None where libc cannot be loaded.
+def _libc_memset(*, hold_gil: bool) -> Callable[[int, int, int], object] | None:
+    """libc ``memset`` through ctypes, or None where libc cannot be loaded.
 
-    Why not ``zero_()`` on CPU: PyTorch releases the GIL for every op, and taking it
-    back waits for whichever thread holds it then (the audit writer, a scheduler) for
-    up to the interpreter's switch interval. For the small runs a request frees, that
-    wait was 25x the memset itself (1.4 us alone, about 36 us beside a busy writer
-    thread). ``ctypes.PyDLL`` keeps the GIL across the call, so a small clear costs
-    what it costs; large runs still go through ``zero_()`` (see ``GIL_HELD_MAX_BYTES``).
+    Why not ``zero_()`` on CPU:
+
+    * PyTorch releases the GIL for every op, and taking it back waits for
+      whichever thread holds it then (the audit writer, a scheduler) for up to the
+      interpreter's switch interval. For the small runs a request frees, that wait
+      was 25x the memset itself (1.4 us alone, about 36 us beside a busy writer
+      thread). ``hold_gil=True`` (``ctypes.PyDLL``) keeps the GIL across the call,
+      so a small clear costs what it costs.
+    * For large runs ``zero_()`` fills with OpenMP worker threads, which spin for
+      a while after every parallel region. In a serving process those spinning
+      workers took more CPU than the whole governed hot path (about 3 us per block
+      of a trace replay on 2 cores) away from the audit writer and everything else.
+      ``hold_gil=False`` (``ctypes.CDLL``) lets other Python threads run during a
+      large clear and starts no thread pool; memory bandwidth, not threads, bounds it.
     """
     try:
-        libc = ctypes.PyDLL(None)
+        libc = ctypes.PyDLL(None) if hold_gil else ctypes.CDLL(None)
         fn = libc.memset
     except (OSError, AttributeError, TypeError):  # pragma: no cover - no libc (Windows)
         return None
@@ -160,18 +168,18 @@ def _libc_memset() -> Callable[[int, int, int], object] | None:
 
 
 #: Runs up to this many bytes are cleared by memset with the GIL held (tens of
-#: microseconds at most); larger ones by ``zero_()``, which lets other threads run and
-#: clears large runs faster here (0.6 of a plain ``zero_()`` at 8 MiB, 0.83-0.90 at 256 KiB).
+#: microseconds at most); larger ones by memset with the GIL released, so other
+#: threads run meanwhile. Without libc, every run goes through ``zero_()``.
 GIL_HELD_MAX_BYTES = 256 * 2**10
 
 
 class CpuZeroizer:
     """Zeroizes blocks of a CPU pool; ``seconds`` is host wall time of the clears.
 
-    Small runs are cleared by libc ``memset`` on the pool's own memory with the GIL
-    held (see :func:`_libc_memset` for why), straight on the pool's contiguous
-    memory; runs over ``GIL_HELD_MAX_BYTES`` by ``zero_()`` on a view of the run.
-    Either way the bytes are zero when this returns.
+    Runs are cleared by libc ``memset`` straight on the pool's contiguous memory:
+    with the GIL held up to ``GIL_HELD_MAX_BYTES``, with it released above (see
+    :func:`_libc_memset` for why not ``zero_()``). Where libc cannot be loaded,
+    ``zero_()`` on a view of the run. Either way the bytes are zero when this returns.
 
     Args:
         words: the pool as a contiguous ``[num_blocks, words_per_block]`` integer view.
@@ -181,7 +189,16 @@ class CpuZeroizer:
         InternalError: ``words`` is not contiguous (the byte arithmetic needs it).
     """
 
-    __slots__ = ("_base", "_block_bytes", "_limit", "_memset", "_verify", "_views", "_words")
+    __slots__ = (
+        "_base",
+        "_block_bytes",
+        "_limit",
+        "_memset",
+        "_memset_nogil",
+        "_verify",
+        "_views",
+        "_words",
+    )
 
     def __init__(self, words: torch.Tensor, verify: bool) -> None:
         if not words.is_contiguous():
@@ -189,7 +206,8 @@ class CpuZeroizer:
         self._words = words
         self._views = RunViews(words)
         self._verify = verify
-        self._memset = _libc_memset()
+        self._memset = _libc_memset(hold_gil=True)
+        self._memset_nogil = _libc_memset(hold_gil=False)
         self._limit = GIL_HELD_MAX_BYTES if self._memset is not None else -1
         self._base = words.data_ptr()
         self._block_bytes = words.shape[1] * words.element_size()
@@ -200,6 +218,8 @@ class CpuZeroizer:
         if nbytes <= self._limit:
             # the pool's own contiguous memory: no tensor view needed for the address
             self._memset(self._base + start * self._block_bytes, 0, nbytes)  # type: ignore[misc]
+        elif self._memset_nogil is not None:
+            self._memset_nogil(self._base + start * self._block_bytes, 0, nbytes)
         else:
             self._views.get((start, stop)).zero_()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from allocator.zeroize import (
+    GIL_HELD_MAX_BYTES,
     CpuZeroizer,
     RunViews,
     coalesce_runs,
@@ -58,6 +59,26 @@ def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
 
     Counting(_words(16), verify=False).zeroize(coalesce_runs([1, 2, 3, 7, 9, 10]))
     assert calls == [(3, 4), (1, 4), (2, 4)]
+
+
+@pytest.mark.parametrize("libc", [True, False], ids=["memset", "zero_"])
+def test_cpu_zeroizer_clears_runs_above_the_gil_held_limit(libc: bool) -> None:
+    """A run larger than GIL_HELD_MAX_BYTES (memset without the GIL, or zero_() without
+    libc) and a small one are cleared exactly; the blocks between keep their bytes."""
+    width = 1024  # 8 KiB blocks
+    big = GIL_HELD_MAX_BYTES // (width * 8) + 3
+    words = _words(big + 6, width)
+    before = words.clone()
+    zeroizer = CpuZeroizer(words, verify=False)
+    if not libc:
+        zeroizer._memset = zeroizer._memset_nogil = None
+        zeroizer._limit = -1
+    zeroizer.zeroize([(1, 2), (3, 3 + big)])
+    for b in range(big + 6):
+        if b == 1 or 3 <= b < 3 + big:
+            assert not words[b].any(), b
+        else:
+            assert torch.equal(words[b], before[b]), b
 
 
 class _Faulty(CpuZeroizer):
