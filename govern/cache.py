@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -440,8 +441,12 @@ class GovernedKVCache:
             first_new = len(hit_ids)
             prefix_blocks = plan.prefix_blocks
             prefix_scope = plan.prefix_view.scope if plan.prefix_view is not None else scope
-            for i, b in enumerate(new_ids, first_new):
-                owner[b] = prefix_scope if i < prefix_blocks else scope
+            if first_new >= prefix_blocks:
+                for b in new_ids:
+                    owner[b] = scope
+            else:
+                for i, b in enumerate(new_ids, first_new):
+                    owner[b] = prefix_scope if i < prefix_blocks else scope
             block_ids = hit_ids + new_ids
             if cacheable and first_new < prefix_blocks and plan.prefix_view is not None:
                 self._pool.set_keys(
@@ -1010,7 +1015,9 @@ class GovernedKVCache:
         cut = len(hit_ids)
         granted: dict[tuple[CacheScope, CacheScope], Any] = {}
         denied: tuple[CacheScope, Any] | None = None
-        for i, b in enumerate(hit_ids):
+        groups = _by_owner(owner_of, hit_ids)
+        own = all(o is not None and o.tenant == requester for o, _ in groups)
+        for i, b in enumerate(() if own else hit_ids):
             owner = owner_of[b]
             if owner is None:
                 raise InternalError(f"cached block {b} has no owner")
@@ -1029,6 +1036,7 @@ class GovernedKVCache:
             self._pool.free(hit_ids[cut:])
             self._drain()
             hit_ids = hit_ids[:cut]
+            groups = _by_owner(owner_of, hit_ids)
         counters = self._counters[requester]
         if denied is not None:
             owner, share = denied
@@ -1044,7 +1052,7 @@ class GovernedKVCache:
                 )
             )
         bs = self._block_size
-        for owner, ids in _by_owner(owner_of, hit_ids):
+        for owner, ids in groups:
             if owner is None:  # pragma: no cover - excluded by the loop above
                 continue
             fields = {**self._view(owner).fields, "requester_tenant": requester}
@@ -1212,13 +1220,25 @@ _MAX_VIEWS = 65_536
 
 
 def _by_owner(
-    owner: list[CacheScope | None], block_ids: Iterable[int], *, clear: bool = False
-) -> list[tuple[CacheScope | None, list[int]]]:
+    owner: list[CacheScope | None], block_ids: Sequence[int], *, clear: bool = False
+) -> list[tuple[CacheScope | None, Sequence[int]]]:
     """Group block ids by owning scope, in first-seen order; ``clear`` forgets the owners.
 
-    Groups by object identity: every block of one admission holds the same scope
-    object, and hashing a scope's nine fields per block would dominate the cost.
+    One owner for the whole batch is the rule (a request's blocks, a one-tenant
+    cache): that case costs one C-level gather and one count, which compares by
+    identity first. Otherwise blocks are grouped by object identity: every block
+    of one admission holds the same scope object, and hashing a scope's nine
+    fields per block would dominate the cost.
     """
+    n = len(block_ids)
+    if n == 0:
+        return []
+    first = owner[block_ids[0]]
+    if n == 1 or itemgetter(*block_ids)(owner).count(first) == n:
+        if clear:
+            for b in block_ids:
+                owner[b] = None
+        return [(first, block_ids)]
     groups: dict[int, tuple[CacheScope | None, list[int]]] = {}
     last: object = groups  # a sentinel no owner can be
     current: list[int] = []

@@ -161,7 +161,7 @@ class KeyDeriver:
         KeySecretError: the secret is not bytes or is shorter than 32 bytes.
     """
 
-    __slots__ = ("_inner", "_outer", "_secret")
+    __slots__ = ("_inner_pad", "_outer_pad", "_secret")
 
     def __init__(self, secret: bytes) -> None:
         if not isinstance(secret, bytes | bytearray):
@@ -172,16 +172,17 @@ class KeyDeriver:
                 'generate one with: python -c "import secrets; print(secrets.token_hex(32))"'
             )
         self._secret = bytes(secret)
-        # HMAC (RFC 2104) with the pads' SHA-256 states computed once: each block
-        # then costs two state copies instead of OpenSSL's per-call HMAC set-up,
-        # about 2.5x faster here, and the output is HMAC-SHA256 byte for byte
-        # (pinned against hmac.digest by the known-answer tests).
+        # HMAC (RFC 2104) spelled out: SHA-256(opad || SHA-256(ipad || message)).
+        # Hashing the 64-byte pads again per block costs one SHA-NI compression,
+        # less than copying precomputed states or OpenSSL's per-call HMAC set-up
+        # (about 1.4x and 2.8x faster here); the output is HMAC-SHA256 byte for
+        # byte, pinned against hmac.digest by the known-answer tests.
         block = self._secret
         if len(block) > 64:
             block = hashlib.sha256(block).digest()
         block = block.ljust(64, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        self._inner_pad = bytes(b ^ 0x36 for b in block)
+        self._outer_pad = bytes(b ^ 0x5C for b in block)
 
     def __repr__(self) -> str:
         return "KeyDeriver(secret=<hidden>)"
@@ -197,11 +198,9 @@ class KeyDeriver:
         Returns:
             The block's key.
         """
-        inner = self._inner.copy()
-        inner.update(parent + digest + token_bytes)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return CacheKey(outer.digest())
+        sha256 = hashlib.sha256
+        inner = sha256(self._inner_pad + parent + digest + token_bytes).digest()
+        return CacheKey(sha256(self._outer_pad + inner).digest())
 
     def derive_chain(
         self,
@@ -226,20 +225,16 @@ class KeyDeriver:
         Returns:
             ``count`` keys in block order.
         """
-        inner_pad, outer_pad = self._inner, self._outer
+        sha256, inner_pad, outer_pad = hashlib.sha256, self._inner_pad, self._outer_pad
         step = 4 * block_size
-        keys: list[CacheKey] = []
+        keys: list[bytes] = []
         append = keys.append
-        offset = first * step
-        for _ in range(count):
-            inner = inner_pad.copy()
-            inner.update(parent + digest + packed[offset : offset + step])
-            outer = outer_pad.copy()
-            outer.update(inner.digest())
-            parent = outer.digest()
-            append(CacheKey(parent))
-            offset += step
-        return keys
+        start = first * step
+        for offset in range(start, start + count * step, step):
+            inner = sha256(inner_pad + parent + digest + packed[offset : offset + step]).digest()
+            parent = sha256(outer_pad + inner).digest()
+            append(parent)
+        return keys  # type: ignore[return-value]  # CacheKey is bytes; no per-key wrapper call
 
 
 def load_key_secret(key_secret: bytes | None, *, ephemeral: bool, environ: dict[str, str]) -> bytes:
