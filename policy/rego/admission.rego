@@ -55,23 +55,26 @@ deny contains msg if {
 	msg := sprintf("%v tokens exceed tenant %v's max_tokens %v", [input.tokens, input.scope.tenant, tenant.max_tokens])
 }
 
-# cache: false for restricted (hard rule) or where the tenant disabled caching.
-cache := false if {
-	input.scope.classification == "restricted"
-} else := false if {
-	tenant.cache == false
-} else := true
+# admitted(cls, t): the cache flag and reason of an admitted request of
+# classification cls for a tenant with overrides t: never cached when restricted
+# (hard rule) or where the tenant disabled caching.
+admitted(cls, t) := {"cache": false, "reason": "admitted; restricted data is never cached"} if {
+	cls == "restricted"
+} else := {"cache": false, "reason": "admitted; caching disabled for tenant"} if {
+	t.cache == false
+} else := {"cache": true, "reason": "admitted"}
 
-# The requested priority, else the tenant's, else the bundle default.
-priority := input.priority if {
-	is_number(input.priority)
-} else := object.get(tenant, "priority", data.kvgov.config.default_priority)
-
-allow_reason := "admitted; restricted data is never cached" if {
-	input.scope.classification == "restricted"
-} else := "admitted; caching disabled for tenant" if {
-	not cache
-} else := "admitted"
+# granted_priority(p, t): the eviction priority of an admitted request that asked
+# for p: p itself when it is an integer 0-100, else (p null) the tenant's default,
+# else the bundle's; undefined for any other p.
+granted_priority(p, t) := p if {
+	is_number(p)
+	p >= 0
+	p <= 100
+	p == round(p)
+} else := object.get(t, "priority", data.kvgov.config.default_priority) if {
+	p == null
+}
 
 default decision := {
 	"allow": false,
@@ -80,23 +83,33 @@ default decision := {
 	"reason": "admission input not understood (fail closed)",
 }
 
+# The admitted case first, in one body that reads the request in place: every
+# rule or function a body refers to costs the embedded engine a few µs, so this
+# is the hot path. It makes the same checks as scope_valid, valid_tokens,
+# valid_priority and the tenant denials, so it holds exactly when deny is empty
+# (admission_test.rego checks that); otherwise deny gives the reasons.
 decision := {
+	"allow": true,
+	"cache": a.cache,
+	"priority": p,
+	"reason": a.reason,
+} if {
+	s := input.scope
+	scope.valid(s)
+	n := input.tokens
+	is_number(n)
+	n >= 0
+	n == round(n)
+	t := object.get(data.kvgov.config, ["tenants", s.tenant], {})
+	not t.admission == false
+	not n > t.max_tokens
+	p := granted_priority(object.get(input, "priority", null), t)
+	a := admitted(s.classification, t)
+} else := {
 	"allow": false,
 	"cache": false,
 	"priority": 0,
 	"reason": concat("; ", sort(deny)),
-} if count(deny) > 0
-
-# Allow needs positive evidence (a valid scope, token count and priority) and no
-# deny reason.
-decision := {
-	"allow": true,
-	"cache": cache,
-	"priority": priority,
-	"reason": allow_reason,
 } if {
-	scope_valid
-	valid_tokens
-	valid_priority
-	count(deny) == 0
+	count(deny) > 0
 }

@@ -44,3 +44,27 @@ test_unknown_classification_is_denied if {
 	not offload.decision.allow with input as {"scope": object.union(fixtures.scope, {"classification": "secret"}), "tier": "cpu"}
 		with data.kvgov.config.offload_tiers.secret as ["cpu"]
 }
+
+# decision's allowed body repeats deny's checks in place (the hot path): it must
+# allow exactly when deny is empty, and otherwise give deny's reasons.
+test_allowed_exactly_when_nothing_is_denied if {
+	requests := [
+		{"scope": fixtures.scope, "tier": "cpu"},
+		{"scope": fixtures.scope, "tier": "disk"},
+		{"scope": fixtures.public_scope, "tier": "disk"},
+		{"scope": fixtures.restricted_scope, "tier": "cpu"},
+		{"scope": fixtures.scope, "tier": 7},
+		{"scope": fixtures.scope},
+		{"scope": object.remove(fixtures.scope, ["tenant"]), "tier": "cpu"},
+		{"scope": object.union(fixtures.scope, {"tenant": "globex"}), "tier": "cpu"},
+		{},
+	]
+	every tenants in [{}, {"acme": {"offload": false}}] {
+		every r in requests {
+			d := offload.decision with input as r with data.kvgov.config.tenants as tenants
+			reasons := offload.deny with input as r with data.kvgov.config.tenants as tenants
+			d.allow == (count(reasons) == 0)
+			d.allow != (d.reason == concat("; ", sort(reasons)))
+		}
+	}
+}

@@ -101,3 +101,27 @@ test_groups_for_invalid_scope_are_empty if {
 	sharing.groups == {"publish": null, "read": []} with input as {"scope": object.remove(fixtures.public_scope, ["model"])}
 		with data.kvgov.config.share_groups as fixtures.docs_group
 }
+
+# decision's same-tenant body repeats deny's checks in place (the hot path): every
+# decision must allow exactly when deny is empty, and otherwise give deny's reasons.
+test_allowed_exactly_when_nothing_is_denied if {
+	requests := [
+		{"requester": fixtures.scope, "owner": fixtures.scope},
+		{"requester": fixtures.public_scope, "owner": fixtures.public_scope},
+		{"requester": globex(fixtures.public_scope), "owner": fixtures.public_scope},
+		{"requester": globex(fixtures.scope), "owner": fixtures.scope},
+		{"requester": object.union(fixtures.scope, {"model_revision": "r2"}), "owner": fixtures.scope},
+		{"requester": fixtures.scope, "owner": fixtures.restricted_scope},
+		{"requester": object.remove(fixtures.scope, ["tenant"]), "owner": object.remove(fixtures.scope, ["tenant"])},
+		{"requester": fixtures.scope},
+		{},
+	]
+	every groups in [{}, fixtures.docs_group] {
+		every r in requests {
+			d := sharing.decision with input as r with data.kvgov.config.share_groups as groups
+			reasons := sharing.deny with input as r with data.kvgov.config.share_groups as groups
+			d.allow == (count(reasons) == 0)
+			d.allow != (d.reason == concat("; ", sort(reasons)))
+		}
+	}
+}

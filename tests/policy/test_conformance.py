@@ -3,8 +3,9 @@
 If the embedded engine is swapped (another regorus release, another interpreter),
 these must still pass: they pin the semantics, in OPA's definition, of default
 rules, `not ... with input as`, `in`, `every`, sets, `sprintf`, comprehensions,
-`with data.x as`, else chains, undefined results, and the cross-type ordering
-that scope.rego uses to test for non-empty strings.
+`with data.x as`, else chains (in functions and in rules with a default), undefined
+results, and the cross-type ordering that scope.rego uses to test for non-empty
+strings.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ grade(x) := "high" if {
 } else := "low"
 
 undef_rule := 1 if input.never
+
+default chained := "default"
+
+chained := "first" if {
+	input.pick == 1
+} else := "second" if {
+	input.pick == 2
+}
 
 test_with_input if allow with input as {"user": "alice"}
 
@@ -138,6 +147,14 @@ def test_else_chain_in_a_function(engine: Any) -> None:
         engine.eval_query("data.conf.grade(11)")["result"][0]["expressions"][0]["value"] == "high"
     )
     assert engine.eval_query("data.conf.grade(1)")["result"][0]["expressions"][0]["value"] == "low"
+
+
+def test_else_chain_in_a_rule_with_a_default(engine: Any) -> None:
+    """A rule's else branch is taken when the body before it fails, also on an undefined
+    reference, and the default applies when every branch fails (decisions rely on this)."""
+    assert ev(engine, "chained", {"pick": 1}) == "first"
+    assert ev(engine, "chained", {"pick": 2}) == "second"
+    assert ev(engine, "chained", {}) == "default"
 
 
 def test_undefined_rule_evaluates_to_none(engine: Any) -> None:

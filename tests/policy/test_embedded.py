@@ -126,7 +126,10 @@ def test_bad_reload_keeps_the_old_bundle(
         (bundle_copy / "broken.rego").write_text("package kvgov.broken\n\nallow if {\n")
     elif breakage == "tests":
         f = bundle_copy / "retention.rego"
-        f.write_text(f.read_text().replace('ttl_seconds": configured', 'ttl_seconds": 1'))
+        source = f.read_text()
+        wrong = source.replace('"ttl_seconds": ttl,', '"ttl_seconds": 1,')
+        assert wrong != source
+        f.write_text(wrong)
     else:
         (bundle_copy / "data.json").write_text("{not json")
     with pytest.raises(error):

@@ -28,13 +28,10 @@ def test_every_decision_package_has_tests() -> None:
 def test_wrong_policy_fails_its_tests(bundle_copy: Path) -> None:
     """A deliberately wrong policy (restricted cached) makes named tests fail."""
     f = bundle_copy / "admission.rego"
-    f.write_text(
-        f.read_text().replace(
-            'input.scope.classification == "restricted"\n} else',
-            'input.scope.classification == "nothing"\n} else',
-            1,
-        )
-    )
+    source = f.read_text()
+    wrong = source.replace('cls == "restricted"\n} else', 'cls == "nothing"\n} else', 1)
+    assert wrong != source
+    f.write_text(wrong)
     report = run_tests(bundle_copy)
     assert not report.passed
     assert "kvgov.admission_test.test_restricted_is_admitted_but_never_cached" in report.failures
