@@ -8,11 +8,30 @@ and hands them to the audit trail.
 Order within one call is the order things happened: an ``allocate`` that had to
 evict emits :class:`BlocksEvicted` (reason ``"capacity"``), then
 :class:`BlocksZeroized`, then :class:`BlocksAllocated`.
+
+Events are immutable named tuples, not frozen dataclasses: an allocation that
+evicts builds three of them, and a frozen dataclass's ``__init__`` (one
+``object.__setattr__`` per field) cost about 2.5x a tuple's, a tenth of the
+whole eviction path per block. Equality still tells event types apart: two
+events are equal only when they are of the same type with equal fields.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+def _same_type_eq(self: tuple[Any, ...], other: object) -> bool:
+    return type(self) is type(other) and tuple.__eq__(self, other)
+
+
+def _same_type_ne(self: tuple[Any, ...], other: object) -> bool:
+    return not _same_type_eq(self, other)
+
+
+def _typed_hash(self: tuple[Any, ...]) -> int:
+    return hash((type(self).__name__, tuple.__hash__(self)))
+
 
 __all__ = [
     "BlocksAllocated",
@@ -24,8 +43,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class BlocksAllocated:
+class BlocksAllocated(NamedTuple):
     """FREE (zeroed) blocks were handed out by ``allocate``, each with one reference.
 
     Attributes:
@@ -35,8 +53,7 @@ class BlocksAllocated:
     block_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class BlocksKeyed:
+class BlocksKeyed(NamedTuple):
     """OWNED blocks were given a cache key and entered the key index (``set_keys``).
 
     Attributes:
@@ -46,8 +63,7 @@ class BlocksKeyed:
     block_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class BlocksHit:
+class BlocksHit(NamedTuple):
     """``lookup`` found these blocks by key and took a reference on each.
 
     Attributes:
@@ -57,8 +73,7 @@ class BlocksHit:
     block_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class BlocksEvicted:
+class BlocksEvicted(NamedTuple):
     """CACHED blocks lost their key and went DIRTY (they are zeroized right after).
 
     Attributes:
@@ -73,8 +88,7 @@ class BlocksEvicted:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class BlocksZeroized:
+class BlocksZeroized(NamedTuple):
     """Blocks were overwritten with zeros (and, with ``verify=True``, read back as zero).
 
     Emitted only after the zeros are in memory: on CUDA after the pool's stream
@@ -96,3 +110,9 @@ class BlocksZeroized:
 
 #: Any event the pool emits.
 PoolEvent = BlocksAllocated | BlocksKeyed | BlocksHit | BlocksEvicted | BlocksZeroized
+
+for _event in (BlocksAllocated, BlocksKeyed, BlocksHit, BlocksEvicted, BlocksZeroized):
+    setattr(_event, "__eq__", _same_type_eq)  # noqa: B010 - NamedTuple bodies take no dunders
+    setattr(_event, "__ne__", _same_type_ne)  # noqa: B010
+    setattr(_event, "__hash__", _typed_hash)  # noqa: B010
+del _event

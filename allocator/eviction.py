@@ -60,15 +60,25 @@ class EvictionQueue:
             priority: the pool's per-block priority array.
         """
         levels = self._levels
-        n = 0
-        for b in block_ids:
-            p = priority[b]
+        ids = block_ids if isinstance(block_ids, list | tuple) else list(block_ids)
+        if not ids:
+            return
+        # One priority for the whole batch is the rule (a sequence's blocks):
+        # then the blocks go in at C speed, one dict update for the batch.
+        wanted = bytes(map(priority.__getitem__, ids))
+        p = wanted[0]
+        if wanted.count(p) == len(ids):
             q = levels.get(p)
             if q is None:
                 q = levels[p] = OrderedDict()
-            q[b] = None
-            n += 1
-        self._size += n
+            q.update(dict.fromkeys(ids))
+        else:
+            for b, p in zip(ids, wanted, strict=True):
+                q = levels.get(p)
+                if q is None:
+                    q = levels[p] = OrderedDict()
+                q[b] = None
+        self._size += len(ids)
 
     def remove(self, block_id: int, priority: int) -> None:
         """Take one block out of the queue, wherever it is (O(1)).

@@ -909,7 +909,7 @@ class BlockPool:
         count = self._meta.count
         keys = self._meta.key
         index = self._index
-        found: list[bytes | None] = [keys[b] for b in blocks]
+        found: list[bytes | None] = list(map(keys.__getitem__, blocks))
         if None in found:
             raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
         dropped = cast(list[bytes], found)

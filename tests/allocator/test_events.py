@@ -1,8 +1,6 @@
-"""Tests for allocator.events: events are small frozen objects read by name."""
+"""Tests for allocator.events: events are small immutable objects read by name."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
@@ -27,7 +25,7 @@ from allocator.events import (
 )
 def test_events_are_frozen(event: object) -> None:
     """No event field can be reassigned."""
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         event.block_ids = ()  # type: ignore[attr-defined]
 
 
@@ -39,3 +37,12 @@ def test_events_use_slots() -> None:
 def test_events_compare_by_value() -> None:
     """Two events with the same fields are equal."""
     assert BlocksEvicted((1,), (b"a",), "expired") == BlocksEvicted((1,), (b"a",), "expired")
+
+
+def test_events_of_different_types_never_compare_equal() -> None:
+    """Same fields, different event type: not equal, and distinct in a set."""
+    allocated, hit = BlocksAllocated((1, 2)), BlocksHit((1, 2))
+    assert allocated != hit
+    assert not allocated == hit  # noqa: SIM201 - __eq__ itself is under test
+    assert len({allocated, hit, BlocksAllocated((1, 2))}) == 2
+    assert hash(allocated) == hash(BlocksAllocated((1, 2)))
