@@ -63,15 +63,17 @@ class EvictionQueue:
         ids = block_ids if isinstance(block_ids, list | tuple) else list(block_ids)
         if not ids:
             return
-        # One priority for the whole batch is the rule (a sequence's blocks):
-        # then the blocks go in at C speed, one dict update for the batch.
+        # One priority for the whole batch is the rule (a sequence's blocks): then
+        # the level is found once. (A plain loop of stores beats OrderedDict.update,
+        # which goes through the generic mapping protocol per key.)
         wanted = bytes(map(priority.__getitem__, ids))
         p = wanted[0]
         if wanted.count(p) == len(ids):
             q = levels.get(p)
             if q is None:
                 q = levels[p] = OrderedDict()
-            q.update(dict.fromkeys(ids))
+            for b in ids:
+                q[b] = None
         else:
             for b, p in zip(ids, wanted, strict=True):
                 q = levels.get(p)
