@@ -153,6 +153,7 @@ class _KeyPlan:
     prefix_view: _ScopeView | None = None  # that scope
     prefix_ttl: float | None = None  # its retention
     ttl: float | None = None  # retention of the rest; None: nothing may be cached
+    prefix_read_roots: tuple[bytes, ...] = ()  # other namespaces the prefix scope may read
 
 
 class GovernedKVCache:
@@ -333,8 +334,10 @@ class GovernedKVCache:
             public_prefix_tokens: how many leading tokens are public (a shared
                 system prompt). Their whole blocks are keyed under the scope with
                 classification ``public``, so a share group the policy grants for
-                public data can reuse them across tenants; the rest stays under
-                ``scope`` and chains from the prefix in the scope's own namespace.
+                public data can reuse them across tenants (published where the
+                tenant may publish, found in every group it may read); the rest
+                stays under ``scope`` and chains from the prefix in the scope's
+                own namespace.
 
         Returns:
             The block table and how many leading tokens are already cached.
@@ -418,7 +421,7 @@ class GovernedKVCache:
                 cacheable = plan.ttl is not None
             if cacheable and max_hit:
                 if plan.prefix_blocks:
-                    hit_ids = self._pool.lookup(plan.keys[:max_hit])
+                    hit_ids = self._prefix_lookup(plan, packed, max_hit)
                     self._drain()
                     if hit_ids:
                         hit_ids = self._check_sharing(
@@ -996,6 +999,33 @@ class GovernedKVCache:
             best = self._check_sharing(view, best, seq_id)
         return best
 
+    def _prefix_lookup(self, plan: _KeyPlan, packed: bytes, max_hit: int) -> list[int]:
+        """Longest hit for an admission with a public prefix; takes a reference on it only.
+
+        The prefix is looked up where the public scope publishes, then, if that
+        misses part of it, in every other namespace the public scope may read
+        (its tenant's own, its readable share groups); the rest of the prompt
+        only in the scope's own namespace, chained from its own prefix keys.
+        """
+        pool = self._pool
+        best = pool.lookup(plan.keys[:max_hit])
+        span = min(plan.prefix_blocks, max_hit)
+        if len(best) >= span or plan.prefix_view is None:
+            return best
+        digest = plan.prefix_view.digest
+        for root in plan.prefix_read_roots:
+            chain = self._deriver.derive_chain(root, packed, digest, self._block_size, span)
+            found = pool.lookup(chain)
+            if len(found) > len(best):
+                best, found = found, best
+            if found:
+                pool.free(found)
+            if len(best) == span:
+                if span < max_hit:
+                    best += pool.lookup(plan.keys[span:max_hit])
+                break
+        return best
+
     def _check_sharing(
         self,
         view: _ScopeView,
@@ -1111,6 +1141,7 @@ class GovernedKVCache:
                     num_full - prefix_blocks,
                     first=prefix_blocks,
                 )
+                read_roots = (pview.own_root, *(self._group_root(g) for g in pgroups.read))
                 return _KeyPlan(
                     root,
                     rest_parent,
@@ -1120,6 +1151,7 @@ class GovernedKVCache:
                     pview,
                     pttl,
                     ttl,
+                    tuple(dict.fromkeys(r for r in read_roots if r != proot)),
                 )
         keys = derive(root, packed, view.digest, bs, num_full)
         return _KeyPlan(root, root, groups.read, keys, ttl=ttl)
