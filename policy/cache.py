@@ -21,6 +21,13 @@ Undefined rules (a deny from the policy itself) are cached like any answer.
 A hit returns the stored decision: it carries the **original** ``decision_id``
 (so audit can link a cached decision to the evaluation that made it) and
 ``cached=True``.
+
+Views: :meth:`CachedEngine.evaluate_as` returns ``view(decision)`` instead, and
+keeps the value with the cached decision, so a hit returns the value the view
+gave the first time instead of reading and checking the decision again.
+:class:`~policy.client.PolicyClient` reads every typed answer this way: a hit
+is then one lookup, not a lookup in the cache and another in a memo of typed
+answers.
 """
 
 from __future__ import annotations
@@ -28,15 +35,17 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvgov.defaults import DECISION_CACHE_SIZE
 from policy.bundle import canonical_json
 from policy.engine import Decision, PolicyEngine
 
 __all__ = ["CacheStats", "CachedEngine"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,23 @@ class CacheStats:
     misses: int
     size: int
     maxsize: int
+
+
+class _Entry:
+    """One cached decision and the last view taken of it.
+
+    Why a mutable entry rather than the bare decision: a view is computed on a
+    hit, after the entry was stored, and kept beside it without a second lookup.
+    """
+
+    __slots__ = ("decision", "view")
+
+    def __init__(self, decision: Decision) -> None:
+        # The stored decision (cached=True); written once, at insert.
+        self.decision = decision
+        # (view function, its value for decision); replaced whole by one assignment,
+        # so a reader never pairs a function with another function's value.
+        self.view: tuple[Callable[[Decision], Any], Any] | None = None
 
 
 class CachedEngine:
@@ -77,7 +103,7 @@ class CachedEngine:
             raise ValueError(f"maxsize must be >= 0, got {maxsize}")
         self._engine = engine
         self._maxsize = maxsize
-        self._lru: OrderedDict[tuple[str, Hashable, str], Decision] = OrderedDict()
+        self._lru: OrderedDict[tuple[str, Hashable, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
@@ -107,6 +133,49 @@ class CachedEngine:
         Returns:
             The decision; ``cached=True`` when served from the cache.
         """
+        return self._lookup(path, input, key)[1]
+
+    def evaluate_as(
+        self,
+        path: str,
+        input: Mapping[str, Any],
+        view: Callable[[Decision], T],
+        *,
+        key: Hashable | None = None,
+    ) -> T:
+        """Return ``view(decision)`` for the decision :meth:`evaluate` would return.
+
+        The value is kept with the cached decision: later hits return that same
+        value without calling ``view`` again (until another view is taken of the
+        entry). So ``view`` must be a pure function of the decision, and the same
+        object at every call (a module-level function, not a bound method or a
+        lambda made per call): the kept value is matched by the function's
+        identity.
+
+        Args:
+            path: the rule.
+            input: the policy input.
+            view: reads the decision, e.g. into a typed answer.
+            key: as for :meth:`evaluate`.
+
+        Returns:
+            The view's value.
+        """
+        entry, decision = self._lookup(path, input, key)
+        if entry is None:
+            return view(decision)
+        kept = entry.view
+        if kept is not None and kept[0] is view:
+            value: T = kept[1]
+            return value
+        value = view(decision)
+        entry.view = (view, value)
+        return value
+
+    def _lookup(
+        self, path: str, input: Mapping[str, Any], key: Hashable | None
+    ) -> tuple[_Entry | None, Decision]:
+        """The hit entry and its decision, or (None, the engine's decision) on a miss."""
         if key is None:
             try:
                 key = canonical_json(input)
@@ -114,7 +183,7 @@ class CachedEngine:
                 # Not JSON: the engine will fail closed on it; nothing to cache.
                 with self._lock:
                     self._misses += 1
-                return self._engine.evaluate(path, input)
+                return None, self._engine.evaluate(path, input)
         full = (path, key, self._engine.bundle_revision)
         lru = self._lru
         with self._lock:
@@ -122,19 +191,19 @@ class CachedEngine:
             if hit is not None:
                 lru.move_to_end(full)
                 self._hits += 1
-                return hit
+                return hit, hit.decision
             self._misses += 1
         decision = self._engine.evaluate(path, input)
         if decision.error is None and self._maxsize > 0:
-            stored = dataclasses.replace(decision, cached=True)
+            entry = _Entry(dataclasses.replace(decision, cached=True))
             # Key by the revision that actually decided (it may have moved on).
             full = (path, key, decision.bundle_revision)
             with self._lock:
-                lru[full] = stored
+                lru[full] = entry
                 lru.move_to_end(full)
                 while len(lru) > self._maxsize:
                     lru.popitem(last=False)
-        return decision
+        return None, decision
 
     def stats(self) -> CacheStats:
         """Return the hit and miss counters and the size.

@@ -14,6 +14,11 @@ key, the tuple of the scope's nine values in :data:`SCOPE_FIELDS` order, used on
 when the scope has exactly those keys and every value is a ``str`` or ``None``
 (so the tuple determines the scope exactly; ``True``/``1`` confusion cannot arise
 because other types fall back to canonical JSON). See :mod:`policy.cache`.
+
+Typed answers: each accessor reads its decision with a module-level reader
+(``_read_admission`` ...) through :meth:`CachedEngine.evaluate_as
+<policy.cache.CachedEngine.evaluate_as>`, which keeps the typed answer with the
+cached decision; a cache hit returns that same answer object, unchecked again.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvgov.defaults import DECISION_CACHE_SIZE, MAX_PRIORITY, MIN_PRIORITY, OPA_TIMEOUT_SECONDS
 from kvgov.exceptions import PolicyError
@@ -116,11 +122,11 @@ class AdmissionDecision:
 
 
 @dataclass(frozen=True, slots=True)
-class SharingDecision:
-    """May a requester reuse blocks an owner cached.
+class _Verdict:
+    """An allow / deny answer with the policy's reason (see the subclasses).
 
     Attributes:
-        allow: reuse is allowed.
+        allow: the request is allowed.
         reason: the policy's reason.
         decision: the underlying decision.
     """
@@ -128,6 +134,17 @@ class SharingDecision:
     allow: bool
     reason: str
     decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class SharingDecision(_Verdict):
+    """May a requester reuse blocks an owner cached (``allow``: reuse is allowed).
+
+    Attributes:
+        allow: reuse is allowed.
+        reason: the policy's reason.
+        decision: the underlying decision.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +177,14 @@ class RetentionDecision:
 
 
 @dataclass(frozen=True, slots=True)
-class OffloadDecision:
-    """May a scope's blocks move to a slower tier.
+class OffloadDecision(_Verdict):
+    """May a scope's blocks move to a slower tier (``allow``: offload is allowed).
 
     Attributes:
         allow: offload is allowed.
         reason: the policy's reason.
         decision: the underlying decision.
     """
-
-    allow: bool
-    reason: str
-    decision: Decision
 
 
 def _malformed(decision: Decision, what: str) -> Decision:
@@ -184,7 +197,43 @@ def _malformed(decision: Decision, what: str) -> Decision:
     return dataclasses.replace(decision, allow=False, error=error, reason=f"policy error: {error}")
 
 
-def _allow_reason(d: Decision) -> tuple[bool, str, Decision]:
+def _is_int(x: Any) -> bool:
+    return type(x) is int or (type(x) is float and x.is_integer())
+
+
+# The readers: each turns one rule's decision into its typed answer, or into the
+# fail-closed answer when the decision failed or has the wrong shape. They are
+# module-level so CachedEngine.evaluate_as can keep their answers (it matches a
+# reader by identity).
+
+
+def _read_admission(d: Decision) -> AdmissionDecision:
+    r = d.result
+    if (
+        d.error is None
+        and type(r) is dict
+        and type(r.get("allow")) is bool
+        and type(r.get("cache")) is bool
+        and _is_int(r.get("priority"))
+        and MIN_PRIORITY <= r["priority"] <= MAX_PRIORITY
+        and type(r.get("reason")) is str
+    ):
+        allow = r["allow"]
+        return AdmissionDecision(
+            allow=allow,
+            cache=allow and r["cache"],
+            priority=int(r["priority"]),
+            reason=r["reason"],
+            decision=d,
+        )
+    d = _malformed(d, "expected {allow: bool, cache: bool, priority: int 0-100, reason: str}")
+    return AdmissionDecision(allow=False, cache=False, priority=0, reason=d.reason, decision=d)
+
+
+_V = TypeVar("_V", bound=_Verdict)
+
+
+def _read_verdict(kind: type[_V], d: Decision) -> _V:
     """Read an {allow, reason} result, or deny with the shape error."""
     r = d.result
     if (
@@ -193,13 +242,44 @@ def _allow_reason(d: Decision) -> tuple[bool, str, Decision]:
         and type(r.get("allow")) is bool
         and type(r.get("reason")) is str
     ):
-        return r["allow"], r["reason"], d
+        return kind(allow=r["allow"], reason=r["reason"], decision=d)
     d = _malformed(d, "expected {allow: bool, reason: str}")
-    return False, d.reason, d
+    return kind(allow=False, reason=d.reason, decision=d)
 
 
-def _is_int(x: Any) -> bool:
-    return type(x) is int or (type(x) is float and x.is_integer())
+_read_sharing = partial(_read_verdict, SharingDecision)
+_read_offload = partial(_read_verdict, OffloadDecision)
+
+
+def _read_groups(d: Decision) -> ShareGroups:
+    r = d.result
+    if d.error is None and type(r) is dict:
+        publish, read = r.get("publish", ()), r.get("read")
+        if (
+            (publish is None or type(publish) is str)
+            and type(read) is list
+            and all(type(g) is str for g in read)
+        ):
+            return ShareGroups(publish=publish, read=tuple(read), decision=d)
+    d = _malformed(d, "expected {publish: str | null, read: [str]}")
+    return ShareGroups(publish=None, read=(), decision=d)
+
+
+def _read_retention(d: Decision) -> RetentionDecision:
+    r = d.result
+    if d.error is None and type(r) is dict:
+        ttl: Any = r.get("ttl_seconds")
+        if type(ttl) in _NUMBER and math.isfinite(ttl) and ttl >= 0:
+            return RetentionDecision(ttl_seconds=ttl, decision=d)
+    d = _malformed(d, "expected {ttl_seconds: number >= 0}")
+    return RetentionDecision(ttl_seconds=0, decision=d)
+
+
+def _read_classifications(d: Decision) -> frozenset[str]:
+    r = d.result
+    if d.error is None and type(r) is list and all(type(c) is str for c in r):
+        return frozenset(r)
+    return frozenset()
 
 
 class PolicyClient:
@@ -216,23 +296,6 @@ class PolicyClient:
             self._cached = engine
         else:
             self._cached = CachedEngine(engine, cache_size)
-        # Typed results of cached decisions, by decision_id: a cache hit returns the
-        # very same Decision object, so its typed form is reused instead of being
-        # re-checked and rebuilt (the identity check makes a stale entry harmless).
-        self._typed: dict[str, Any] = {}
-        self._typed_max = max(cache_size, 1024)
-
-    def _memo(self, d: Decision) -> Any:
-        t = self._typed.get(d.decision_id)
-        if t is not None and t.decision is d:
-            return t
-        return None
-
-    def _remember(self, d: Decision, typed: Any) -> None:
-        if d.cached and typed.decision is d:
-            if len(self._typed) >= self._typed_max:
-                self._typed.clear()
-            self._typed[d.decision_id] = typed
 
     @classmethod
     def create(
@@ -296,9 +359,6 @@ class PolicyClient:
         """Return the decision cache's hits, misses and size."""
         return self._cached.stats()
 
-    def _ask(self, path: str, input: Mapping[str, Any], key: Hashable | None) -> Decision:
-        return self._cached.evaluate(path, input, key=key)
-
     def admission(
         self, scope: Mapping[str, Any], tokens: int, priority: int | None
     ) -> AdmissionDecision:
@@ -316,32 +376,12 @@ class PolicyClient:
         key = None
         if sk is not None and type(tokens) is int and (priority is None or type(priority) is int):
             key = (sk, tokens, priority)
-        d = self._ask(ADMISSION_PATH, {"scope": scope, "tokens": tokens, "priority": priority}, key)
-        memo: AdmissionDecision | None = self._memo(d)
-        if memo is not None:
-            return memo
-        r = d.result
-        if (
-            d.error is None
-            and type(r) is dict
-            and type(r.get("allow")) is bool
-            and type(r.get("cache")) is bool
-            and _is_int(r.get("priority"))
-            and MIN_PRIORITY <= r["priority"] <= MAX_PRIORITY
-            and type(r.get("reason")) is str
-        ):
-            allow = r["allow"]
-            typed = AdmissionDecision(
-                allow=allow,
-                cache=allow and r["cache"],
-                priority=int(r["priority"]),
-                reason=r["reason"],
-                decision=d,
-            )
-            self._remember(d, typed)
-            return typed
-        d = _malformed(d, "expected {allow: bool, cache: bool, priority: int 0-100, reason: str}")
-        return AdmissionDecision(allow=False, cache=False, priority=0, reason=d.reason, decision=d)
+        return self._cached.evaluate_as(
+            ADMISSION_PATH,
+            {"scope": scope, "tokens": tokens, "priority": priority},
+            _read_admission,
+            key=key,
+        )
 
     def sharing(self, requester: Mapping[str, Any], owner: Mapping[str, Any]) -> SharingDecision:
         """Decide whether ``requester`` may reuse blocks ``owner`` cached.
@@ -355,14 +395,9 @@ class PolicyClient:
         """
         rk, ok = scope_key(requester), scope_key(owner)
         key = (rk, ok) if rk is not None and ok is not None else None
-        d = self._ask(SHARING_PATH, {"requester": requester, "owner": owner}, key)
-        memo: SharingDecision | None = self._memo(d)
-        if memo is not None:
-            return memo
-        allow, reason, checked = _allow_reason(d)
-        typed = SharingDecision(allow=allow, reason=reason, decision=checked)
-        self._remember(d, typed)
-        return typed
+        return self._cached.evaluate_as(
+            SHARING_PATH, {"requester": requester, "owner": owner}, _read_sharing, key=key
+        )
 
     def offload(self, scope: Mapping[str, Any], tier: str) -> OffloadDecision:
         """Decide whether a scope's blocks may move to ``tier``.
@@ -376,14 +411,9 @@ class PolicyClient:
         """
         sk = scope_key(scope)
         key = (sk, tier) if sk is not None and type(tier) is str else None
-        d = self._ask(OFFLOAD_PATH, {"scope": scope, "tier": tier}, key)
-        memo: OffloadDecision | None = self._memo(d)
-        if memo is not None:
-            return memo
-        allow, reason, checked = _allow_reason(d)
-        typed = OffloadDecision(allow=allow, reason=reason, decision=checked)
-        self._remember(d, typed)
-        return typed
+        return self._cached.evaluate_as(
+            OFFLOAD_PATH, {"scope": scope, "tier": tier}, _read_offload, key=key
+        )
 
     def share_groups(self, scope: Mapping[str, Any]) -> ShareGroups:
         """Return the share-group namespaces a scope publishes in and reads from.
@@ -394,23 +424,9 @@ class PolicyClient:
         Returns:
             The groups; fails closed (publish None, read empty) on any error.
         """
-        d = self._ask(GROUPS_PATH, {"scope": scope}, scope_key(scope))
-        memo: ShareGroups | None = self._memo(d)
-        if memo is not None:
-            return memo
-        r = d.result
-        if d.error is None and type(r) is dict:
-            publish, read = r.get("publish", ()), r.get("read")
-            if (
-                (publish is None or type(publish) is str)
-                and type(read) is list
-                and all(type(g) is str for g in read)
-            ):
-                typed = ShareGroups(publish=publish, read=tuple(read), decision=d)
-                self._remember(d, typed)
-                return typed
-        d = _malformed(d, "expected {publish: str | null, read: [str]}")
-        return ShareGroups(publish=None, read=(), decision=d)
+        return self._cached.evaluate_as(
+            GROUPS_PATH, {"scope": scope}, _read_groups, key=scope_key(scope)
+        )
 
     def retention(self, scope: Mapping[str, Any]) -> RetentionDecision:
         """Return how long an idle cached block of a scope may live.
@@ -421,19 +437,9 @@ class PolicyClient:
         Returns:
             The TTL; fails closed (0 seconds) on any error.
         """
-        d = self._ask(RETENTION_PATH, {"scope": scope}, scope_key(scope))
-        memo: RetentionDecision | None = self._memo(d)
-        if memo is not None:
-            return memo
-        r = d.result
-        if d.error is None and type(r) is dict:
-            ttl: Any = r.get("ttl_seconds")
-            if type(ttl) in _NUMBER and math.isfinite(ttl) and ttl >= 0:
-                typed = RetentionDecision(ttl_seconds=ttl, decision=d)
-                self._remember(d, typed)
-                return typed
-        d = _malformed(d, "expected {ttl_seconds: number >= 0}")
-        return RetentionDecision(ttl_seconds=0, decision=d)
+        return self._cached.evaluate_as(
+            RETENTION_PATH, {"scope": scope}, _read_retention, key=scope_key(scope)
+        )
 
     def classifications(self) -> frozenset[str]:
         """Return the classification labels the policy knows.
@@ -441,11 +447,7 @@ class PolicyClient:
         Returns:
             The labels; an empty set on any error (every label is then unknown).
         """
-        d = self._ask(CLASSIFICATIONS_PATH, {}, ())
-        r = d.result
-        if d.error is None and type(r) is list and all(type(c) is str for c in r):
-            return frozenset(r)
-        return frozenset()
+        return self._cached.evaluate_as(CLASSIFICATIONS_PATH, {}, _read_classifications, key=())
 
     def reload(
         self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None

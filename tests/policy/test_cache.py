@@ -52,6 +52,44 @@ def test_hit_returns_the_original_decision_id() -> None:
     assert (s.hits, s.misses, s.size) == (1, 1, 1)
 
 
+def read_n(d: Decision) -> tuple[Any, bool]:
+    """A view of a decision: its n and whether it was cached (a new tuple each call)."""
+    return (d.result["n"] if d.result else None, d.cached)
+
+
+def test_view_is_kept_with_the_cached_decision() -> None:
+    """evaluate_as reads a miss afresh, then keeps the view of the stored decision."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    miss = c.evaluate_as(PATH, {"n": 1}, read_n)
+    first_hit = c.evaluate_as(PATH, {"n": 1}, read_n)
+    second_hit = c.evaluate_as(PATH, {"n": 1}, read_n)
+    assert miss == (1, False) and first_hit == (1, True)
+    assert second_hit is first_hit
+    assert inner.calls == 1 and c.stats().hits == 2
+
+
+def test_another_view_is_taken_afresh() -> None:
+    """A different view function is not answered with another view's kept value."""
+    c = CachedEngine(CountingEngine())
+    c.evaluate(PATH, {"n": 1})
+    assert c.evaluate_as(PATH, {"n": 1}, read_n) == (1, True)
+    assert (
+        c.evaluate_as(PATH, {"n": 1}, lambda d: d.decision_id)
+        == c.evaluate(PATH, {"n": 1}).decision_id
+    )
+
+
+def test_view_of_a_failed_decision_is_not_kept() -> None:
+    """A failed decision is viewed but not cached, so the next call asks the engine."""
+    inner = CountingEngine()
+    inner.fail = True
+    c = CachedEngine(inner)
+    assert c.evaluate_as(PATH, {"n": 1}, lambda d: d.error) == "down"
+    assert c.evaluate_as(PATH, {"n": 1}, lambda d: d.error) == "down"
+    assert inner.calls == 2 and c.stats().size == 0
+
+
 def test_key_order_does_not_matter() -> None:
     """Inputs equal as JSON objects share an entry, whatever their key order."""
     c = CachedEngine(CountingEngine())

@@ -125,6 +125,7 @@ def test_cached_accessor_keeps_decision_id(client: PolicyClient, scope: dict[str
     b = client.admission(dict(scope), 10, None)
     assert b.decision.cached and b.decision.decision_id == a.decision.decision_id
     assert client.cache_stats().hits >= 1
+    assert client.admission(scope, 10, None) is b
     assert client.bundle_revision == a.decision.bundle_revision
 
 

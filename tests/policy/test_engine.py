@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from policy.engine import failed_decision, make_decision, normalize_path
+from policy.engine import failed_decision, make_decision, new_decision_id, normalize_path
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,24 @@ def test_sets_become_sorted_lists() -> None:
     """A set result is reported as a sorted list (the shape OPA's JSON has)."""
     d = make_decision("p", {"b", "a"}, bundle_revision="r", engine="e", seconds=0.0)
     assert d.result == ["a", "b"]
+
+
+def test_nested_sets_and_tuples_take_json_shape() -> None:
+    """Sets inside a result become sorted lists and tuples lists; the input is not changed."""
+    result = {"read": {"b", "a"}, "pair": (1, 2), "n": 1}
+    d = make_decision("p", result, bundle_revision="r", engine="e", seconds=0.0)
+    assert d.result == {"read": ["a", "b"], "pair": [1, 2], "n": 1}
+    assert result["read"] == {"a", "b"}
+
+
+def test_decision_ids_are_random_version_4_uuids() -> None:
+    """A decision id is the text form of a fresh RFC 4122 version-4 UUID."""
+    ids = {new_decision_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in list(ids)[:50]:
+        u = uuid.UUID(text)
+        assert str(u) == text
+        assert u.version == 4 and u.variant == uuid.RFC_4122
 
 
 def test_failed_decision_denies_with_the_error() -> None:
