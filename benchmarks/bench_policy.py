@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/bench_policy.py [--quick]
 
 Figures (median of repeats, microseconds per decision, this machine):
-  cached            PolicyClient.admission on a cache hit (scope-tuple key, typed memo)
+  cached            PolicyClient.admission on a cache hit (scope-tuple key, kept typed answer)
   cache lookup      CachedEngine.evaluate with a caller key (the LRU alone)
   embedded <rule>   EmbeddedEngine.evaluate, no cache, per bundle rule
   opa loopback      OpaServerEngine against tests/policy/opa_fake.py on 127.0.0.1
@@ -18,7 +18,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,20 +28,10 @@ from policy.client import PolicyClient, scope_key
 from policy.embedded import EmbeddedEngine
 from policy.opa_server import OpaServerEngine
 from tests.policy.opa_fake import FakeOpa
+from tests.policy.samples import SCOPE
 
-SCOPE = {
-    "tenant": "acme",
-    "classification": "internal",
-    "model": "llama-3-8b",
-    "model_revision": "r1",
-    "adapter": None,
-    "adapter_revision": None,
-    "tokenizer": "llama3",
-    "tokenizer_revision": "v1",
-    "template_version": "sys-v3",
-}
-ADMISSION_INPUT = {"scope": SCOPE, "tokens": 512, "priority": None}
-RULES = {
+ADMISSION_INPUT: dict[str, Any] = {"scope": SCOPE, "tokens": 512, "priority": None}
+RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "admission": ("kvgov/admission/decision", ADMISSION_INPUT),
     "sharing": ("kvgov/sharing/decision", {"requester": SCOPE, "owner": SCOPE}),
     "groups": ("kvgov/sharing/groups", {"scope": SCOPE}),
@@ -87,9 +79,7 @@ def main() -> None:
     rows.append(("cache lookup (canonical JSON key)", json_key_us))
     embedded: dict[str, float] = {}
     for name, (path, inp) in RULES.items():
-        embedded[name] = per_call_us(
-            lambda p=path, i=inp: engine.evaluate(p, i), 100 * scale, repeats
-        )
+        embedded[name] = per_call_us(partial(engine.evaluate, path, inp), 100 * scale, repeats)
         rows.append((f"embedded uncached: {name}", embedded[name]))
 
     server = FakeOpa(engine)

@@ -138,12 +138,12 @@ class _Verdict:
 
 @dataclass(frozen=True, slots=True)
 class SharingDecision(_Verdict):
-    """May a requester reuse blocks an owner cached (``allow``: reuse is allowed).
+    """May a requester reuse blocks an owner cached.
 
     Attributes:
-        allow: reuse is allowed.
-        reason: the policy's reason.
-        decision: the underlying decision.
+        allow: the requester may reuse the owner's blocks.
+        reason: the policy's reason for allowing or refusing reuse.
+        decision: the underlying decision (id, revision, error) for audit.
     """
 
 
@@ -178,12 +178,12 @@ class RetentionDecision:
 
 @dataclass(frozen=True, slots=True)
 class OffloadDecision(_Verdict):
-    """May a scope's blocks move to a slower tier (``allow``: offload is allowed).
+    """May a scope's blocks move to a slower tier.
 
     Attributes:
-        allow: offload is allowed.
-        reason: the policy's reason.
-        decision: the underlying decision.
+        allow: the blocks may be offloaded to the tier asked about.
+        reason: the policy's reason, e.g. ``"internal data may be offloaded to cpu"``.
+        decision: the underlying decision (id, revision, error) for audit.
     """
 
 
@@ -207,16 +207,26 @@ def _is_int(x: Any) -> bool:
 # reader by identity).
 
 
-def _read_admission(d: Decision) -> AdmissionDecision:
+def _verdict_result(d: Decision) -> dict[str, Any] | None:
+    """The result when ``d`` did not fail and its result has ``allow: bool, reason: str``."""
     r = d.result
     if (
         d.error is None
         and type(r) is dict
         and type(r.get("allow")) is bool
+        and type(r.get("reason")) is str
+    ):
+        return r
+    return None
+
+
+def _read_admission(d: Decision) -> AdmissionDecision:
+    r = _verdict_result(d)
+    if (
+        r is not None
         and type(r.get("cache")) is bool
         and _is_int(r.get("priority"))
         and MIN_PRIORITY <= r["priority"] <= MAX_PRIORITY
-        and type(r.get("reason")) is str
     ):
         allow = r["allow"]
         return AdmissionDecision(
@@ -235,13 +245,8 @@ _V = TypeVar("_V", bound=_Verdict)
 
 def _read_verdict(kind: type[_V], d: Decision) -> _V:
     """Read an {allow, reason} result, or deny with the shape error."""
-    r = d.result
-    if (
-        d.error is None
-        and type(r) is dict
-        and type(r.get("allow")) is bool
-        and type(r.get("reason")) is str
-    ):
+    r = _verdict_result(d)
+    if r is not None:
         return kind(allow=r["allow"], reason=r["reason"], decision=d)
     d = _malformed(d, "expected {allow: bool, reason: str}")
     return kind(allow=False, reason=d.reason, decision=d)

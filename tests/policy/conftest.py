@@ -12,18 +12,7 @@ import pytest
 from policy.bundle import BUNDLE_DIR
 from policy.embedded import EmbeddedEngine
 from tests.policy.opa_fake import FakeOpa
-
-SCOPE: dict[str, Any] = {
-    "tenant": "acme",
-    "classification": "internal",
-    "model": "llama-3-8b",
-    "model_revision": "r1",
-    "adapter": None,
-    "adapter_revision": None,
-    "tokenizer": "llama3",
-    "tokenizer_revision": "v1",
-    "template_version": "sys-v3",
-}
+from tests.policy.samples import SCOPE
 
 
 @pytest.fixture()

@@ -21,6 +21,14 @@ from typing import Any
 
 from policy.embedded import EmbeddedEngine
 
+# The misbehaving modes that answer a decision with a fixed (status, body).
+_CANNED: dict[str, tuple[int, bytes]] = {
+    "error500": (500, b'{"code": "internal_error", "message": "boom"}'),
+    "garbage": (200, b"<html>not json"),
+    "undefined": (200, b"{}"),
+    "list": (200, b"[1, 2]"),
+}
+
 
 class FakeOpa:
     """An OPA-like HTTP server in a background thread (ephemeral port).
@@ -99,20 +107,11 @@ class FakeOpa:
                 if not self.path.startswith("/v1/data/"):
                     self._send(404, b"{}")
                     return
-                mode = fake.mode
-                if mode == "slow":
+                if fake.mode == "slow":
                     time.sleep(fake.delay)
-                if mode == "error500":
-                    self._send(500, b'{"code": "internal_error", "message": "boom"}')
-                    return
-                if mode == "garbage":
-                    self._send(200, b"<html>not json")
-                    return
-                if mode == "undefined":
-                    self._send(200, b"{}")
-                    return
-                if mode == "list":
-                    self._send(200, b"[1, 2]")
+                canned = _CANNED.get(fake.mode)
+                if canned is not None:
+                    self._send(*canned)
                     return
                 path = self.path[len("/v1/data/") :].split("?")[0]
                 try:

@@ -20,43 +20,42 @@ def test_bundled_policy_loads_with_its_tests() -> None:
     assert b.revision.startswith("sha256:")
 
 
-def test_syntax_error_names_file_line_and_column(bundle_copy: Path) -> None:
-    """A Rego syntax error raises PolicyLoadError with file, line and column."""
-    (bundle_copy / "broken.rego").write_text(
-        "package kvgov.broken\n\nimport rego.v1\n\nallow if {\n\tinput.x ==\n}\n"
-    )
+@pytest.mark.parametrize(
+    ("name", "text", "line", "column"),
+    [
+        pytest.param(
+            "broken.rego",
+            "package kvgov.broken\n\nimport rego.v1\n\nallow if {\n\tinput.x ==\n}\n",
+            7,
+            1,
+            id="syntax",
+        ),
+        pytest.param("old.rego", "package kvgov.old\n\nallow { input.x == 1 }\n", 3, 7, id="v0"),
+        pytest.param(
+            "fn.rego",
+            "package kvgov.fn\n\nimport rego.v1\n\nallow if nope(1)\n",
+            5,
+            None,
+            id="unknown-function",
+        ),
+        pytest.param("data.json", '{\n  "kvgov": ,\n}\n', 2, None, id="data-json"),
+    ],
+)
+def test_load_errors_name_file_and_position(
+    bundle_copy: Path, name: str, text: str, line: int, column: int | None
+) -> None:
+    """A syntax error, Rego v0 syntax (no `if`), an unknown function (caught at load, not
+    at the first decision) or data.json that is not JSON raise PolicyLoadError naming
+    the file and line, and the column where the parser gives one."""
+    (bundle_copy / name).write_text(text)
     with pytest.raises(PolicyLoadError) as info:
         load_bundle(bundle_copy)
     err = info.value
-    assert err.file is not None and err.file.endswith("broken.rego")
-    assert (err.line, err.column) == (7, 1)
-    assert "broken.rego:7:1" in str(err)
-
-
-def test_v0_syntax_is_a_load_error(bundle_copy: Path) -> None:
-    """A rule body without `if` (Rego v0) is refused with its location."""
-    (bundle_copy / "old.rego").write_text("package kvgov.old\n\nallow { input.x == 1 }\n")
-    with pytest.raises(PolicyLoadError) as info:
-        load_bundle(bundle_copy)
-    assert (info.value.line, info.value.column) == (3, 7)
-
-
-def test_compile_error_is_reported_at_load(bundle_copy: Path) -> None:
-    """An unknown function is caught at load, not at the first decision."""
-    (bundle_copy / "fn.rego").write_text("package kvgov.fn\n\nimport rego.v1\n\nallow if nope(1)\n")
-    with pytest.raises(PolicyLoadError) as info:
-        load_bundle(bundle_copy)
-    assert info.value.file is not None and info.value.file.endswith("fn.rego")
-    assert info.value.line == 5
-
-
-def test_invalid_data_json_names_its_position(bundle_copy: Path) -> None:
-    """data.json that is not JSON raises PolicyLoadError with line and column."""
-    (bundle_copy / "data.json").write_text('{\n  "kvgov": ,\n}\n')
-    with pytest.raises(PolicyLoadError) as info:
-        load_bundle(bundle_copy)
-    assert info.value.file is not None and info.value.file.endswith("data.json")
-    assert info.value.line == 2
+    assert err.file is not None and err.file.endswith(name)
+    assert err.line == line
+    if column is not None:
+        assert err.column == column
+        assert f"{name}:{line}:{column}" in str(err)
 
 
 def test_data_json_must_be_an_object(bundle_copy: Path) -> None:

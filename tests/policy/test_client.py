@@ -11,6 +11,7 @@ from kvgov.exceptions import PolicyError
 from policy.client import PolicyClient, scope_key
 from policy.embedded import EmbeddedEngine
 from policy.engine import Decision, failed_decision, make_decision
+from tests.policy.samples import SCOPE
 
 
 class FixedEngine:
@@ -131,8 +132,6 @@ def test_cached_accessor_keeps_decision_id(client: PolicyClient, scope: dict[str
 
 def test_scope_key_is_exact() -> None:
     """scope_key is the values tuple only for exact str/None scopes."""
-    from tests.policy.conftest import SCOPE
-
     assert scope_key(SCOPE) == tuple(SCOPE.values())
     assert scope_key({**SCOPE, "tenant": 1}) is None
     assert scope_key({**SCOPE, "extra": "x"}) is None
@@ -163,7 +162,7 @@ BAD_ADMISSION = [
     {"allow": True, "reason": "x"},
 ]
 BAD_ALLOW_REASON = [None, True, {"allow": 1, "reason": "x"}, {"allow": True}, {"reason": "x"}]
-BAD_GROUPS = [
+BAD_GROUPS: list[Any] = [
     None,
     [],
     {"publish": 3, "read": []},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_bad_paths_are_refused(path: str) -> None:
 
 def test_allow_follows_the_result() -> None:
     """allow is the result's allow key, a boolean result, or True for other defined values."""
-    kw = {"bundle_revision": "r", "engine": "e", "seconds": 0.0}
+    kw: dict[str, Any] = {"bundle_revision": "r", "engine": "e", "seconds": 0.0}
     assert make_decision("p", {"allow": True, "reason": "ok"}, **kw).allow
     assert not make_decision("p", {"allow": "yes"}, **kw).allow
     assert not make_decision("p", False, **kw).allow
