@@ -65,15 +65,15 @@ admitted(cls, t) := {"cache": false, "reason": "admitted; restricted data is nev
 } else := {"cache": true, "reason": "admitted"}
 
 # granted_priority(p, t): the eviction priority of an admitted request that asked
-# for p: p itself when it is an integer 0-100, else (p null) the tenant's default,
-# else the bundle's; undefined for any other p.
-granted_priority(p, t) := p if {
+# for p: when p is null (the common case, first), the tenant's default, else the
+# bundle's; p itself when it is an integer 0-100; undefined for any other p.
+granted_priority(p, t) := object.get(t, "priority", data.kvgov.config.default_priority) if {
+	p == null
+} else := p if {
 	is_number(p)
 	p >= 0
 	p <= 100
 	p == round(p)
-} else := object.get(t, "priority", data.kvgov.config.default_priority) if {
-	p == null
 }
 
 default decision := {

@@ -66,13 +66,13 @@ valid(s) if {
 	adapter_ok(s.adapter, s.adapter_revision)
 }
 
-# adapter_ok(a, r): no adapter (both null), or an adapter with its revision.
+# adapter_ok(a, r): no adapter (both null), or an adapter with its revision. An
+# else chain, not two definitions, so the common case (no adapter) is the only
+# body evaluated (on scope.valid's hot path).
 adapter_ok(a, r) if {
 	a == null
 	r == null
-}
-
-adapter_ok(a, r) if {
+} else := true if {
 	a > ""
 	a < []
 	r > ""
