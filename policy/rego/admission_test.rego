@@ -116,31 +116,20 @@ test_decision_always_has_all_fields if {
 }
 
 # decision's admitted body repeats deny's checks in place (the hot path): it must
-# allow exactly when deny is empty, and otherwise give deny's reasons.
+# allow exactly when deny is empty, and otherwise give deny's reasons (checked
+# here on a few inputs; tests/policy/test_rego.py checks generated ones).
 requests := [
 	request,
-	object.union(request, {"priority": 0}),
 	object.union(request, {"priority": 100}),
 	object.union(request, {"priority": 50.5}),
-	object.union(request, {"priority": "5"}),
-	object.union(request, {"tokens": 0}),
 	object.union(request, {"tokens": 2.5}),
-	object.union(request, {"tokens": null}),
-	object.remove(request, ["tokens"]),
 	object.remove(request, ["priority"]),
 	object.union(request, {"scope": fixtures.restricted_scope}),
-	object.union(request, {"scope": object.union(fixtures.scope, {"tenant": "globex"})}),
-	object.union(request, {"scope": object.union(fixtures.scope, {"adapter": "lora-a"})}),
 	{"scope": object.remove(fixtures.scope, ["model"]), "tokens": 1, "priority": null},
-	{"scope": "acme", "tokens": 1, "priority": null},
 	{},
 ]
 
-tenant_overrides := [
-	{},
-	{"acme": {"admission": false, "cache": false}},
-	{"acme": {"cache": false, "priority": 10, "max_tokens": 64}},
-]
+tenant_overrides := [{}, {"acme": {"admission": false, "cache": false, "max_tokens": 64}}]
 
 test_allowed_exactly_when_nothing_is_denied if {
 	every tenants in tenant_overrides {
@@ -157,7 +146,7 @@ test_allowed_requests_are_admitted_in_every_variant if {
 	count([r |
 		some r in requests
 		admission.decision.allow with input as r
-	]) == 7
+	]) == 4
 }
 
 test_undefined_default_priority_fails_closed if {
