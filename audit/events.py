@@ -12,19 +12,47 @@ sequence number, and the hash chain.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, Final
 
 from kvgov.exceptions import InvalidAuditEvent
 
 __all__ = [
     "CRITICAL_EVENT_TYPES",
+    "FIELDS",
     "FORBIDDEN_DETAIL_KEYS",
     "AuditEvent",
     "EventType",
 ]
+
+#: The scalar fields a caller gives after ``type``, in the order the chain hashes them
+#: (:mod:`audit.chain`) and the ``audit_events`` columns hold them; ``block_ids`` and
+#: ``details`` follow.
+FIELDS: Final = (
+    "tenant",
+    "requester_tenant",
+    "classification",
+    "model",
+    "model_revision",
+    "adapter",
+    "adapter_revision",
+    "tokenizer",
+    "tokenizer_revision",
+    "template_version",
+    "sequence_id",
+    "token_count",
+    "reused_tokens",
+    "decision_id",
+    "policy_revision",
+)
+_COUNT_FIELDS: Final = ("token_count", "reused_tokens")
+_TEXT_FIELDS: Final = tuple(f for f in FIELDS if f not in _COUNT_FIELDS)
+_TEXT_GETTER: Final = attrgetter(*_TEXT_FIELDS)
+_STR_OR_NONE: Final = frozenset({str, type(None)})
 
 
 class EventType(StrEnum):
@@ -116,7 +144,12 @@ def _clean(value: Any, path: str, depth: int) -> Any:
     raise InvalidAuditEvent("details", f"{type(value).__name__} at {path} is not JSON")
 
 
-_INT_ONLY = frozenset({int})
+def _is_block_id(value: Any) -> bool:
+    try:
+        array("Q", (value,))
+    except (TypeError, OverflowError):
+        return False
+    return True
 
 
 def _check_str(name: str, value: object) -> None:
@@ -151,7 +184,10 @@ class AuditEvent:
         tokenizer_revision: tokenizer revision.
         template_version: prompt-template version.
         sequence_id: the request / sequence id.
-        block_ids: KV block ids involved.
+        block_ids: KV block ids involved: non-negative integers (a tuple of ints is
+            kept as given; any other iterable is copied into a tuple). Checked in one
+            C-level pass, so integer-like values (``operator.index``) pass and are
+            recorded as their integer value.
         token_count: tokens in the request or involved.
         reused_tokens: tokens served from cache.
         decision_id: id of the policy decision that allowed or denied this.
@@ -185,29 +221,27 @@ class AuditEvent:
             )
         # a plain str: drivers and the JSON encoder take their fast path for exact str
         object.__setattr__(self, "type", str.__str__(self.type))
-        for name in (
-            "tenant",
-            "requester_tenant",
-            "classification",
-            "model",
-            "model_revision",
-            "adapter",
-            "adapter_revision",
-            "tokenizer",
-            "tokenizer_revision",
-            "template_version",
-            "sequence_id",
-            "decision_id",
-            "policy_revision",
-        ):
-            _check_str(name, getattr(self, name))
+        texts = _TEXT_GETTER(self)
+        # one C-level pass for the common case; the loop names the field and allows
+        # str subclasses
+        if not set(map(type, texts)) <= _STR_OR_NONE:
+            for name, value in zip(_TEXT_FIELDS, texts, strict=True):
+                _check_str(name, value)
         _check_count("token_count", self.token_count)
         _check_count("reused_tokens", self.reused_tokens)
-        block_ids = tuple(self.block_ids)
-        # one C-level pass for the common case (thousands of ids per event on the hot path)
-        if block_ids and (not set(map(type, block_ids)) <= _INT_ONLY or min(block_ids) < 0):
-            bad = next(b for b in block_ids if type(b) is not int or b < 0)
-            raise InvalidAuditEvent("block_ids", f"must be non-negative ints, got {bad!r}")
+        block_ids = self.block_ids
+        if type(block_ids) is not tuple:
+            block_ids = tuple(block_ids)
+        if block_ids:
+            # one C-level pass (hundreds of ids per event on the hot path): every id an
+            # integer in 0 .. 2**64-1; a float, a str or a negative id raises here
+            try:
+                array("Q", block_ids)
+            except (TypeError, OverflowError):
+                bad = next(b for b in block_ids if not _is_block_id(b))
+                raise InvalidAuditEvent(
+                    "block_ids", f"must be non-negative ints, got {bad!r}"
+                ) from None
         object.__setattr__(self, "block_ids", block_ids)
         if not isinstance(self.details, Mapping):
             raise InvalidAuditEvent("details", "must be a mapping")

@@ -64,3 +64,18 @@ def test_critical_types_are_the_security_events() -> None:
         "erasure",
         "zeroization_failure",
     } == set(CRITICAL_EVENT_TYPES)
+
+
+@pytest.mark.parametrize("ids", [(1.5,), ("3",), (2, -1), (2**64,), (None,)])
+def test_bad_block_ids_are_refused(ids: tuple[object, ...]) -> None:
+    """A block id that is not a non-negative integer is a typed error naming it."""
+    with pytest.raises(InvalidAuditEvent, match="block_ids"):
+        AuditEvent(EventType.RELEASE, block_ids=ids)  # type: ignore[arg-type]
+
+
+def test_block_ids_tuple_is_kept_and_iterables_are_copied() -> None:
+    """A tuple of ids is stored as given (no copy); a generator becomes a tuple."""
+    ids = tuple(range(1000))
+    assert AuditEvent(EventType.RELEASE, block_ids=ids).block_ids is ids
+    gen = AuditEvent(EventType.RELEASE, block_ids=(i for i in range(3)))  # type: ignore[arg-type]
+    assert gen.block_ids == (0, 1, 2)
