@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -28,6 +28,8 @@ from kvgov.defaults import AUDIT_URL, AUDIT_URL_ENV
 from kvgov.exceptions import KVGovError
 
 __all__ = ["audit_group", "db_group"]
+
+_T = TypeVar("_T")
 
 
 def _default_url() -> str:
@@ -79,14 +81,7 @@ def _emit(
     if as_csv:
         w = csv.writer(sys.stdout)
         w.writerow(RECORD_FIELDS)
-        for r in records:
-            d = r.to_dict()
-            w.writerow(
-                [
-                    json.dumps(v, sort_keys=True) if k in ("block_ids", "details") else v
-                    for k, v in d.items()
-                ]
-            )
+        w.writerows(r.csv_row() for r in records)
         return
     table = Table(title=f"{title} ({len(records)})")
     for c in columns:
@@ -108,12 +103,17 @@ def _emit(
     Console().print(table)
 
 
-def _queries(url: str | None) -> AuditQueries:
-    return AuditQueries(url or _default_url())
-
-
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
+
+
+def _query(url: str | None, ask: Callable[[AuditQueries], _T]) -> _T:
+    """Ask the queries on ``url`` (or the default); kvgov errors become usage errors."""
+    try:
+        with AuditQueries(url or _default_url()) as q:
+            return ask(q)
+    except KVGovError as exc:
+        raise _fail(exc) from exc
 
 
 @click.group("audit")
@@ -216,11 +216,7 @@ def reuse_cmd(
     as_csv: bool,
 ) -> None:
     """Every reuse of TENANT's cached blocks: by which tenant, under which decision."""
-    try:
-        with _queries(url) as q:
-            rows = q.reuse(tenant, since, until)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    rows = _query(url, lambda q: q.reuse(tenant, since, until))
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "blocks",
             "reused_tokens", "decision_id", "policy_revision")  # fmt: skip
     _emit(rows, cols, f"reuse of {tenant}'s blocks", as_json, as_csv)
@@ -231,11 +227,7 @@ def reuse_cmd(
 @_output_options
 def erasure_cmd(tenant: str, url: str | None, as_json: bool, as_csv: bool) -> None:
     """The erasure evidence of TENANT: when, blocks, bytes zeroized, verification."""
-    try:
-        with _queries(url) as q:
-            rows = q.erasure(tenant)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    rows = _query(url, lambda q: q.erasure(tenant))
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r.details if k not in keys]
@@ -256,11 +248,7 @@ def denials_cmd(
     as_csv: bool,
 ) -> None:
     """Policy denials, share denials and policy errors (which fail closed)."""
-    try:
-        with _queries(url) as q:
-            rows = q.denials(tenant, since, until)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    rows = _query(url, lambda q: q.denials(tenant, since, until))
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id",
             "policy_revision", "reason")  # fmt: skip
     _emit(rows, cols, "denials", as_json, as_csv)
@@ -271,11 +259,7 @@ def denials_cmd(
 @_output_options
 def decisions_cmd(policy_revision: str, url: str | None, as_json: bool, as_csv: bool) -> None:
     """Every event decided under one policy bundle revision."""
-    try:
-        with _queries(url) as q:
-            rows = q.decisions(policy_revision)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    rows = _query(url, lambda q: q.decisions(policy_revision))
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id")
     _emit(rows, cols, f"decisions under {policy_revision}", as_json, as_csv)
 
@@ -305,15 +289,8 @@ def events_cmd(
     as_csv: bool,
 ) -> None:
     """Any events, filtered by type / tenant / time; or counts with --count-by."""
-    try:
-        with _queries(url) as q:
-            if count_by is not None:
-                counts = q.counts(count_by, tenant)
-            else:
-                rows = q.events(type_, tenant, since, until, limit)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
     if count_by is not None:
+        counts = _query(url, lambda q: q.counts(count_by, tenant))
         if as_json:
             click.echo(json.dumps(counts, indent=2, sort_keys=True))
         elif as_csv:
@@ -328,6 +305,7 @@ def events_cmd(
                 table.add_row(k, str(n))
             Console().print(table)
         return
+    rows = _query(url, lambda q: q.events(type_, tenant, since, until, limit))
     cols = ("time", "event_id", "type", "tenant", "requester_tenant", "sequence_id",
             "blocks", "token_count", "decision_id")  # fmt: skip
     _emit(rows, cols, "events", as_json, as_csv)
@@ -339,15 +317,14 @@ def events_cmd(
 @_url_option
 def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
     """Export every event (never tokens or text: none are stored) as JSON Lines or CSV."""
-    try:
-        with _queries(url) as q:
-            if output is None:
-                n = q.export(sys.stdout, fmt)
-            else:
-                with output.open("w", encoding="utf-8", newline="") as f:
-                    n = q.export(f, fmt)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+
+    def export(q: AuditQueries) -> int:
+        if output is None:
+            return q.export(sys.stdout, fmt)
+        with output.open("w", encoding="utf-8", newline="") as f:
+            return q.export(f, fmt)
+
+    n = _query(url, export)
     click.echo(f"exported {n} events", err=True)
 
 
@@ -357,11 +334,7 @@ def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
 @_url_option
 def checkpoints_cmd(stream: str | None, as_json: bool, url: str | None) -> None:
     """The latest signed checkpoint per stream: keep a copy outside the database."""
-    try:
-        with _queries(url) as q:
-            cps = q.checkpoints(stream)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    cps = _query(url, lambda q: q.checkpoints(stream))
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in cps], indent=2))
         return
@@ -396,6 +369,21 @@ def _db_url(url_arg: str | None, url_opt: str | None) -> str:
     return url_arg or url_opt or _default_url()
 
 
+def _migrate(
+    run: Callable[..., str], url_arg: str | None, url: str | None, revision: str, sql: bool
+) -> None:
+    """Run ``upgrade`` or ``downgrade``; print the SQL (offline) or the revision reached."""
+    target = _db_url(url_arg, url)
+    try:
+        out = run(target, revision, sql=sql)
+    except Exception as exc:
+        raise _fail(exc) from exc
+    if sql:
+        click.echo(out)
+    else:
+        click.echo(f"{mask_url(target)} is at {current_revision(target) or 'base'}")
+
+
 @db_group.command("upgrade")
 @click.argument("url_arg", metavar="[URL]", required=False)
 @_url_option
@@ -403,15 +391,7 @@ def _db_url(url_arg: str | None, url_opt: str | None) -> str:
 @click.option("--sql", is_flag=True, help="Print the SQL instead of running it (offline).")
 def upgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
     """Upgrade the audit schema to the head revision."""
-    target = _db_url(url_arg, url)
-    try:
-        out = upgrade(target, revision, sql=sql)
-    except Exception as exc:
-        raise _fail(exc) from exc
-    if sql:
-        click.echo(out)
-    else:
-        click.echo(f"{mask_url(target)} is at {current_revision(target)}")
+    _migrate(upgrade, url_arg, url, revision, sql)
 
 
 @db_group.command("downgrade")
@@ -421,15 +401,7 @@ def upgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) 
 @click.option("--sql", is_flag=True, help="Print the SQL (needs --revision FROM:TO).")
 def downgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
     """Downgrade the audit schema (downgrading to base deletes the audit trail)."""
-    target = _db_url(url_arg, url)
-    try:
-        out = downgrade(target, revision, sql=sql)
-    except Exception as exc:
-        raise _fail(exc) from exc
-    if sql:
-        click.echo(out)
-    else:
-        click.echo(f"{mask_url(target)} is at {current_revision(target) or 'base'}")
+    _migrate(downgrade, url_arg, url, revision, sql)
 
 
 @db_group.command("current")

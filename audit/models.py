@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from audit.events import FIELDS
+
 __all__ = ["AuditCheckpoint", "AuditEventRow", "AuditKey", "Base", "metadata"]
 
 #: Stable constraint and index names, so migrations can refer to them.
@@ -145,21 +147,7 @@ EVENT_INSERT_COLUMNS: tuple[str, ...] = (
     "seq",
     "time_us",
     "type",
-    "tenant",
-    "requester_tenant",
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-    "sequence_id",
-    "token_count",
-    "reused_tokens",
-    "decision_id",
-    "policy_revision",
+    *FIELDS,
     "block_ids",
     "details",
     "prev_hash",

@@ -17,7 +17,7 @@ from typing import Any, Final, TextIO
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.engine import URL
 
-from audit.events import EventType
+from audit.events import FIELDS, EventType
 from audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
 from audit.store import open_engine
 
@@ -28,6 +28,8 @@ DENIAL_TYPES: Final = (EventType.POLICY_DENIED, EventType.SHARE_DENIED, EventTyp
 #: Event types that count as a reuse of cached blocks.
 REUSE_TYPES: Final = (EventType.REUSE, EventType.CROSS_TENANT_REUSE)
 
+_SCOPE_END = FIELDS.index("token_count")  # display order: block ids after the scope
+
 #: Columns of a record, in display and export order.
 RECORD_FIELDS: Final = (
     "event_id",
@@ -35,50 +37,20 @@ RECORD_FIELDS: Final = (
     "stream",
     "seq",
     "type",
-    "tenant",
-    "requester_tenant",
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-    "sequence_id",
+    *FIELDS[:_SCOPE_END],
     "block_ids",
-    "token_count",
-    "reused_tokens",
-    "decision_id",
-    "policy_revision",
+    *FIELDS[_SCOPE_END:],
     "details",
     "hash",
 )
-
-_SELECT_COLS = (
-    AuditEventRow.stream,
-    AuditEventRow.seq,
-    AuditEventRow.time_us,
-    AuditEventRow.type,
-    AuditEventRow.tenant,
-    AuditEventRow.requester_tenant,
-    AuditEventRow.classification,
-    AuditEventRow.model,
-    AuditEventRow.model_revision,
-    AuditEventRow.adapter,
-    AuditEventRow.adapter_revision,
-    AuditEventRow.tokenizer,
-    AuditEventRow.tokenizer_revision,
-    AuditEventRow.template_version,
-    AuditEventRow.sequence_id,
-    AuditEventRow.block_ids,
-    AuditEventRow.token_count,
-    AuditEventRow.reused_tokens,
-    AuditEventRow.decision_id,
-    AuditEventRow.policy_revision,
-    AuditEventRow.details,
-    AuditEventRow.hash,
+#: The stored columns a record is made of, in ``RECORD_FIELDS`` order.
+_COLUMNS: Final = (
+    "stream",
+    "seq",
+    "time_us",
+    *(f for f in RECORD_FIELDS if f not in ("event_id", "time", "stream", "seq")),
 )
+_SELECT_COLS: Final = tuple(getattr(AuditEventRow, c) for c in _COLUMNS)
 
 
 def to_time_us(when: datetime | int | float | None) -> int | None:
@@ -148,6 +120,17 @@ class AuditRecord:
             out[name] = v
         return out
 
+    def csv_row(self) -> list[Any]:
+        """The record as one CSV row in ``RECORD_FIELDS`` order (JSON text for lists and dicts).
+
+        Returns:
+            The cells.
+        """
+        return [
+            json.dumps(v, sort_keys=True) if k in ("block_ids", "details") else v
+            for k, v in self.to_dict().items()
+        ]
+
 
 @dataclass(frozen=True, slots=True)
 class CheckpointInfo:
@@ -190,32 +173,16 @@ def _time(us: int) -> datetime:
 
 
 def _record(r: Sequence[Any]) -> AuditRecord:
-    return AuditRecord(
-        event_id=f"{r[0]}:{r[1]}",
-        time=_time(int(r[2])),
-        time_us=int(r[2]),
-        stream=r[0],
-        seq=int(r[1]),
-        type=r[3],
-        tenant=r[4],
-        requester_tenant=r[5],
-        classification=r[6],
-        model=r[7],
-        model_revision=r[8],
-        adapter=r[9],
-        adapter_revision=r[10],
-        tokenizer=r[11],
-        tokenizer_revision=r[12],
-        template_version=r[13],
-        sequence_id=r[14],
-        block_ids=tuple(r[15] or ()),
-        token_count=r[16],
-        reused_tokens=r[17],
-        decision_id=r[18],
-        policy_revision=r[19],
-        details=dict(r[20] or {}),
-        hash=bytes(r[21]).hex(),
-    )
+    d = dict(zip(_COLUMNS, r, strict=True))
+    stream, seq, time_us = d["stream"], int(d["seq"]), int(d["time_us"])
+    d |= {
+        "seq": seq,
+        "time_us": time_us,
+        "block_ids": tuple(d["block_ids"] or ()),
+        "details": dict(d["details"] or {}),
+        "hash": bytes(d["hash"]).hex(),
+    }
+    return AuditRecord(event_id=f"{stream}:{seq}", time=_time(time_us), **d)
 
 
 class AuditQueries:
@@ -443,15 +410,9 @@ class AuditQueries:
         if writer is not None:
             writer.writerow(RECORD_FIELDS)
         for rec in self.iter_all():
-            d = rec.to_dict()
             if writer is not None:
-                writer.writerow(
-                    [
-                        json.dumps(v, sort_keys=True) if k in ("block_ids", "details") else v
-                        for k, v in d.items()
-                    ]
-                )
+                writer.writerow(rec.csv_row())
             else:
-                out.write(json.dumps(d, sort_keys=True) + "\n")
+                out.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
             n += 1
         return n
