@@ -35,7 +35,7 @@ from audit.models import EVENT_INSERT_COLUMNS
 __all__ = ["CheckpointRecord", "EventRecord", "KeyRecord", "Spool", "SpoolContents"]
 
 #: A sealed event in ``EVENT_INSERT_COLUMNS`` order; block_ids and details as canonical
-#: JSON text, hashes as bytes.
+#: JSON text, hashes as bytes or bytearray (the writer's rows hold bytearrays).
 EventRecord = tuple[Any, ...]
 
 

@@ -28,27 +28,32 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
 import secrets
 import socket
+import sqlite3
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Final
 
 import structlog
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 
-from audit.chain import CANONICAL_VERSION, GENESIS_HASH, BlockIdsJson, ChainHash, fast_json
-from audit.events import CRITICAL_EVENT_TYPES, AuditEvent
+from audit.chain import GENESIS_HASH, BlockIdsJson, ChainHash, canonical_prefix, fast_json
+from audit.events import CRITICAL_EVENT_TYPES, FIELDS, AuditEvent
 from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from audit.signing import SigningKey, checkpoint_message, load_signing_key
 from audit.spool import CheckpointRecord, EventRecord, KeyRecord, Spool
@@ -68,11 +73,17 @@ DB_RETRY_SECONDS: Final = 1.0
 _MAX_STREAM_CHARS: Final = 128
 
 _COLS = ", ".join(EVENT_INSERT_COLUMNS)
-_SQLITE_INSERT = (
-    f"INSERT INTO audit_events ({_COLS}) VALUES ({', '.join('?' * len(EVENT_INSERT_COLUMNS))})"
-)
 _PG_COPY = f"COPY audit_events ({_COLS}) FROM STDIN"
-_JSON_COLS = (EVENT_INSERT_COLUMNS.index("block_ids"), EVENT_INSERT_COLUMNS.index("details"))
+#: Rows per SQLite INSERT statement, largest first (each size is prepared once).
+_SQLITE_CHUNKS: Final = (1024, 128, 16, 1)
+_SQLITE_ROW: Final = f"({', '.join('?' * len(EVENT_INSERT_COLUMNS))})"
+_SCOPE_END: Final = FIELDS.index("sequence_id")
+#: ``type`` .. ``template_version``: the same for most events of one tenant and model.
+_SCOPE: Final = attrgetter("type", *FIELDS[:_SCOPE_END])
+#: ``sequence_id`` .. ``policy_revision``: new for most events.
+_REQUEST: Final = attrgetter(*FIELDS[_SCOPE_END:])
+#: Scopes whose JSON the sealing thread keeps before it starts over.
+_SCOPE_CACHE_SIZE: Final = 4096
 
 _Item = tuple[int, int, AuditEvent]  # (seq, time_us, event)
 
@@ -90,14 +101,42 @@ def _default_spool_path(url: URL, stream: str) -> Path:
     return Path.cwd() / f"kvgov-audit.{safe}.spool.jsonl"
 
 
+@functools.cache
+def _sqlite_insert_sql(rows: int) -> str:
+    return f"INSERT INTO audit_events ({_COLS}) VALUES {', '.join([_SQLITE_ROW] * rows)}"
+
+
+def _insert_sqlite(raw: sqlite3.Connection, rows: Sequence[EventRecord]) -> None:
+    """Insert rows with multi-row INSERTs rather than ``executemany``.
+
+    Why: ``executemany`` releases and retakes the GIL around every row's step (a
+    hand-off that a busy caller thread makes wait) and pays the driver's per-row
+    overhead; one statement per chunk of rows steps once.
+    """
+    width = len(EVENT_INSERT_COLUMNS)
+    limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    cur = raw.cursor()
+    try:
+        done, n = 0, len(rows)
+        for size in _SQLITE_CHUNKS:
+            if size > 1 and size * width > limit:
+                continue
+            sql = _sqlite_insert_sql(size)
+            while n - done >= size:
+                cur.execute(sql, list(chain.from_iterable(rows[done : done + size])))
+                done += size
+    finally:
+        cur.close()
+
+
 def _insert_events(conn: Connection, rows: Sequence[EventRecord]) -> None:
     if not rows:
         return
     dialect = conn.dialect
-    if dialect.name == "sqlite":
-        conn.exec_driver_sql(_SQLITE_INSERT, list(rows))
-        return
     raw = conn.connection.driver_connection
+    if isinstance(raw, sqlite3.Connection):
+        _insert_sqlite(raw, rows)
+        return
     if dialect.name == "postgresql" and dialect.driver == "psycopg" and raw is not None:
         with raw.cursor() as cur, cur.copy(_PG_COPY) as copy:
             for r in rows:
@@ -113,33 +152,13 @@ def _insert_events(conn: Connection, rows: Sequence[EventRecord]) -> None:
 
 
 def _insert_checkpoints(conn: Connection, cps: Sequence[CheckpointRecord]) -> None:
-    if cps:
-        conn.execute(
-            insert(AuditCheckpoint),
-            [
-                {
-                    "stream": c.stream,
-                    "seq": c.seq,
-                    "chain_hash": c.chain_hash,
-                    "signature": c.signature,
-                    "key_id": c.key_id,
-                    "time_us": c.time_us,
-                }
-                for c in cps
-            ],
-        )
+    if cps:  # the record's fields are the table's columns
+        conn.execute(insert(AuditCheckpoint), [dataclasses.asdict(c) for c in cps])
 
 
 def _insert_keys(conn: Connection, keys: Sequence[KeyRecord]) -> None:
     for k in keys:
-        values = {
-            "key_id": k.key_id,
-            "algorithm": k.algorithm,
-            "public_key": k.public_key,
-            "origin": k.origin,
-            "stream": k.stream,
-            "time_us": k.time_us,
-        }
+        values = dataclasses.asdict(k)  # the record's fields are the table's columns
         if conn.dialect.name == "postgresql":
             conn.execute(postgresql.insert(AuditKey).values(values).on_conflict_do_nothing())
         elif conn.dialect.name == "sqlite":
@@ -148,6 +167,14 @@ def _insert_keys(conn: Connection, keys: Sequence[KeyRecord]) -> None:
             exists = conn.execute(select(AuditKey.key_id).where(AuditKey.key_id == k.key_id))
             if exists.first() is None:
                 conn.execute(insert(AuditKey).values(values))
+
+
+def _last_seq(
+    conn: Connection, table: type[AuditEventRow] | type[AuditCheckpoint], stream: str
+) -> int:
+    """The highest ``seq`` one stream has in ``table`` (0 when none)."""
+    last = conn.execute(select(func.max(table.seq)).where(table.stream == stream)).scalar()
+    return int(last or 0)
 
 
 class AuditLog:
@@ -212,7 +239,9 @@ class AuditLog:
         self._stream = stream
         self._clock = clock
         self._checkpoint_every = checkpoint_every
-        self._block_ids_json = BlockIdsJson()  # the sealing thread's id-text cache
+        # the sealing thread's caches: decimal text of block ids, JSON of scopes
+        self._block_ids_json = BlockIdsJson()
+        self._scope_json: dict[tuple[str | None, ...], str] = {}
         self._batch_size = batch_size
         self._queue_size = max(queue_size, batch_size)
         self._retry_seconds = retry_seconds
@@ -436,47 +465,39 @@ class AuditLog:
 
     def _seal_locked(self, items: list[_Item]) -> None:
         """Compute canonical bytes and chain hashes; layout in :mod:`audit.chain`."""
-        prev = self._head_hash
+        prev: bytes = self._head_hash
+        prev_row = bytearray(prev)
         stream = self._stream
         out = self._pending_events
         every = self._checkpoint_every
         encode = fast_json
         encode_ids = self._block_ids_json
         sha256 = hashlib.sha256
+        scope_of, request_of = _SCOPE, _REQUEST
+        scope_json = self._scope_json
+        prefix = canonical_prefix(stream)
         for seq, time_us, ev in items:
-            head = (
-                stream,
-                seq,
-                time_us,
-                ev.type,
-                ev.tenant,
-                ev.requester_tenant,
-                ev.classification,
-                ev.model,
-                ev.model_revision,
-                ev.adapter,
-                ev.adapter_revision,
-                ev.tokenizer,
-                ev.tokenizer_revision,
-                ev.template_version,
-                ev.sequence_id,
-                ev.token_count,
-                ev.reused_tokens,
-                ev.decision_id,
-                ev.policy_revision,
-            )
+            scope = scope_of(ev)  # str or None only: equal tuples have equal JSON
+            head = scope_json.get(scope)
+            if head is None:
+                if len(scope_json) >= _SCOPE_CACHE_SIZE:
+                    scope_json.clear()
+                head = scope_json[scope] = encode(scope)[1:-1]
+            request = request_of(ev)
             bids = encode_ids(ev.block_ids)
             det = encode(ev.details) if ev.details else "{}"
-            text = encode((CANONICAL_VERSION, *head))
-            h = ChainHash(sha256(prev + f"{text[:-1]},{bids},{det}]".encode("ascii")).digest())
-            out.append((*head, bids, det, prev, h))
-            prev = h
+            text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
+            h = sha256(prev + text.encode("ascii")).digest()
+            # the row holds the hashes as bytearrays: the sqlite3 driver binds those
+            # directly, bytes only after an adapter lookup (half a microsecond a row)
+            h_row = bytearray(h)
+            out.append((stream, seq, time_us, *scope, *request, bids, det, prev_row, h_row))
+            prev, prev_row = h, h_row
             if seq % every == 0:
-                self._head_hash = h
-                self._checkpoint_locked(seq, h)
+                self._checkpoint_locked(seq, ChainHash(h))
         if items:
             self._head_seq = items[-1][0]
-            self._head_hash = prev
+            self._head_hash = ChainHash(prev)
 
     def _persist_locked(self) -> None:
         events, cps, keys = self._pending_events, self._pending_cps, self._pending_keys
@@ -522,20 +543,8 @@ class AuditLog:
 
     def _replay_spool(self, conn: Connection) -> None:
         contents = self._spool.read()
-        stored = conn.execute(
-            select(AuditEventRow.seq)
-            .where(AuditEventRow.stream == self._stream)
-            .order_by(AuditEventRow.seq.desc())
-            .limit(1)
-        ).scalar()
-        after = int(stored or 0)
-        stored_cp = conn.execute(
-            select(AuditCheckpoint.seq)
-            .where(AuditCheckpoint.stream == self._stream)
-            .order_by(AuditCheckpoint.seq.desc())
-            .limit(1)
-        ).scalar()
-        cp_after = int(stored_cp or 0)
+        after = _last_seq(conn, AuditEventRow, self._stream)
+        cp_after = _last_seq(conn, AuditCheckpoint, self._stream)
         _insert_keys(conn, contents.keys)
         _insert_events(conn, [r for r in contents.events if r[1] > after])
         _insert_checkpoints(conn, [c for c in contents.checkpoints if c.seq > cp_after])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,9 @@ from sqlalchemy import create_engine, text
 
 from audit import AuditEvent, AuditLog, EventType, upgrade, verify
 from audit import store as store_mod
+from audit.models import EVENT_INSERT_COLUMNS
 from audit.store import normalize_url
+from audit.writer import _insert_sqlite
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
 
 from .conftest import FixedClock, sample_event, scalar
@@ -310,3 +313,34 @@ def test_postgresql_unreachable_spools_and_replays(
     assert _count(pg_url) == 12
     report = verify(pg_url)
     assert report.ok and report.streams[0].last_seq == 12
+
+
+def test_large_batches_are_stored_whole(db_url: str, tmp_path: Path) -> None:
+    """A batch of every multi-row statement size (and a remainder) is stored and verifies."""
+    n = 1024 + 128 + 16 + 3
+    with AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl", batch_size=5000) as log:
+        for i in range(n):
+            log.record(sample_event(i))
+        log.flush()
+        assert _count(db_url) == n
+    assert verify(db_url).ok
+
+
+def test_sqlite_insert_respects_a_low_variable_limit(tmp_path: Path) -> None:
+    """With SQLite allowing only 999 bound variables, rows go in smaller statements."""
+    url = f"sqlite:///{tmp_path / 'src.db'}"
+    with AuditLog(url, "w1", spool_path=tmp_path / "s.jsonl") as log:
+        for i in range(300):
+            log.record(sample_event(i))
+    upgrade(f"sqlite:///{tmp_path / 'dst.db'}")
+    src = sqlite3.connect(tmp_path / "src.db")
+    rows = src.execute("SELECT * FROM audit_events ORDER BY seq").fetchall()
+    cols = [d[0] for d in src.execute("SELECT * FROM audit_events").description]
+    src.close()
+    dst = sqlite3.connect(tmp_path / "dst.db")
+    dst.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    order = [cols.index(c) for c in EVENT_INSERT_COLUMNS]
+    _insert_sqlite(dst, [tuple(r[i] for i in order) for r in rows])
+    dst.commit()
+    assert dst.execute("SELECT count(*) FROM audit_events").fetchone()[0] == 300
+    dst.close()
