@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 from sqlalchemy.engine import URL
 
-from audit.chain import CANONICAL_VERSION, GENESIS_HASH, ChainHash, canonical_json, fast_json
-from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditKey
+from audit.chain import GENESIS_HASH, ChainHash, canonical_json, canonical_prefix, fast_json
+from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
 from audit.store import open_engine
 
@@ -47,7 +49,18 @@ FETCH_ROWS: Final = 10_000
 #: Show a progress bar (when asked) only above this many events.
 PROGRESS_MIN_EVENTS: Final = 100_000
 
-_COLS = ", ".join(EVENT_INSERT_COLUMNS)
+#: The hashed scalar columns after ``stream`` (the scan's filter): ``seq`` .. ``policy_revision``.
+_HEAD_COLS: Final = EVENT_INSERT_COLUMNS[1:19]
+#: What SQLite returns per event: the head as JSON, rendered by SQLite's ``json_array``
+#: (no Python object per column; see :func:`_ascii_head` for the one difference).
+_SQLITE_SCAN: Final = (
+    f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, hash "
+    "FROM audit_events WHERE stream = ? ORDER BY seq"
+)
+#: Any other database: the columns, encoded by :func:`audit.chain.fast_json`.
+_SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "hash")
+#: Characters the canonical form escapes and SQLite's JSON keeps as they are.
+_NOT_CANONICAL: Final = re.compile(r"[^\x00-\x7e]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,23 +179,96 @@ class _StreamCheck:
             self.problems.append(Problem(self.stream, seq, kind, message))
 
 
-def _rows(conn: Connection) -> Iterator[tuple[Any, ...]]:
+def _streams(conn: Connection) -> Iterator[str]:
+    """Every stream id, in order: one index lookup per stream, not a scan of every row."""
+    last = conn.execute(select(func.min(AuditEventRow.stream))).scalar()
+    while last is not None:
+        yield last
+        last = conn.execute(
+            select(func.min(AuditEventRow.stream)).where(AuditEventRow.stream > last)
+        ).scalar()
+
+
+#: One event as the hot loop reads it: seq, head JSON (``[seq, ..., policy_revision]``),
+#: block_ids JSON, details JSON, stored hash.
+_ScanRow = tuple[int, str, str, str, bytes]
+
+
+def _batches(conn: Connection, stream: str, *, sqlite_json: bool) -> Iterator[list[_ScanRow]]:
+    """One stream's rows in ``seq`` order, in batches (raw driver rows, no ORM objects).
+
+    Args:
+        conn: the connection.
+        stream: the stream.
+        sqlite_json: on SQLite, let ``json_array`` render the head (False: encode the
+            columns in Python, for a database whose values ``json_array`` refuses).
+    """
+    raw: Any = conn.connection.driver_connection
+    if sqlite_json and isinstance(raw, sqlite3.Connection):
+        cur = raw.cursor()
+        try:
+            cur.execute(_SQLITE_SCAN, (stream,))
+            while batch := cur.fetchmany(FETCH_ROWS):
+                yield batch
+        finally:
+            cur.close()
+        return
+    encode = fast_json
+    pg = conn.dialect.name == "postgresql"
+    n = len(_HEAD_COLS)
+    for rows in _column_batches(conn, stream):
+        try:
+            heads = [encode(r[:n]) for r in rows]
+        except TypeError:
+            heads = [_head_json(r[:n]) for r in rows]
+        if pg:  # JSONB text adds spaces and reorders keys
+            yield [
+                (r[0], h, _pg_canonical(r[n]), _pg_canonical(r[n + 1]), r[n + 2])
+                for r, h in zip(rows, heads, strict=True)
+            ]
+        else:
+            yield [(r[0], h, r[n], r[n + 1], r[n + 2]) for r, h in zip(rows, heads, strict=True)]
+
+
+def _head_json(values: tuple[Any, ...]) -> str:
+    try:
+        return fast_json(values)
+    except TypeError:  # a value JSON cannot hold (a BLOB written into a text column)
+        return "[not JSON]"  # never a canonical head, so the event shows as edited
+
+
+def _column_batches(conn: Connection, stream: str) -> Iterator[list[tuple[Any, ...]]]:
     raw: Any = conn.connection.driver_connection
     if conn.dialect.name == "postgresql":
-        cols = _COLS.replace("block_ids", "block_ids::text").replace("details", "details::text")
+        cols = ", ".join(f"{c}::text" if c in ("block_ids", "details") else c for c in _SCAN_COLS)
+        sql = f"SELECT {cols} FROM audit_events WHERE stream = %s ORDER BY seq"
         with raw.cursor(name="kvgov_verify") as cur:
             cur.itersize = FETCH_ROWS
-            cur.execute(f"SELECT {cols} FROM audit_events ORDER BY stream, seq")
+            cur.execute(sql, (stream,))
             while batch := cur.fetchmany(FETCH_ROWS):
-                yield from batch
+                yield batch
         return
     cur = raw.cursor()
     try:
-        cur.execute(f"SELECT {_COLS} FROM audit_events ORDER BY stream, seq")
+        cur.execute(
+            f"SELECT {', '.join(_SCAN_COLS)} FROM audit_events WHERE stream = ? ORDER BY seq",
+            (stream,),
+        )
         while batch := cur.fetchmany(FETCH_ROWS):
-            yield from batch
+            yield batch
     finally:
         cur.close()
+
+
+def _ascii_head(head: str) -> str:
+    r"""Escape what SQLite's JSON leaves raw: every character above ``~`` as ``\uXXXX``.
+
+    SQLite's ``json_array`` escapes quotes, backslashes and control characters exactly
+    as the canonical form does, and writes integers, NULL and text the same way; it
+    only keeps non-ASCII characters (and DEL) raw, where the canonical form escapes
+    them (UTF-16 surrogate pairs above U+FFFF, like Python's ``json``).
+    """
+    return _NOT_CANONICAL.sub(lambda m: json.dumps(m.group())[1:-1], head)
 
 
 def verify(
@@ -291,11 +377,6 @@ def _check_chains(
     for stream, seq, chain, _sig, _kid in cp_rows:
         cps_by_stream.setdefault(stream, {})[int(seq)] = bytes(chain)
     streams: dict[str, _StreamCheck] = {}
-    pg = conn.dialect.name == "postgresql"
-    encode = fast_json
-    sha256 = hashlib.sha256
-    version = (CANONICAL_VERSION,)
-    st: _StreamCheck | None = None
     bar = None
     task = None
     if progress_total:
@@ -305,35 +386,19 @@ def _check_chains(
         bar.start()
         task = bar.add_task("verifying audit chains", total=progress_total)
     try:
-        for row in _rows(conn):
-            stream = row[0]
-            if st is None or stream != st.stream:
-                st = streams[stream] = _StreamCheck(stream, cps_by_stream.get(stream, {}))
-            seq = row[1]
-            bids, det, prev, stored = row[19], row[20], row[21], row[22]
-            if pg:
-                bids, det = _pg_canonical(bids), _pg_canonical(det)
-            text = encode(version + row[:19])
-            h = sha256(st.running + f"{text[:-1]},{bids},{det}]".encode()).digest()
-            if h != stored:
-                _diagnose(st, seq, bytes(prev), bytes(stored))
-            elif seq != st.expect:  # consistent hash but wrong position: cannot happen
-                st.add(seq, "seq_order", f"expected seq {st.expect}, found {seq}")
-            cp = st.cps.get(seq)
-            if cp is not None and cp != h:
-                st.add(seq, "checkpoint_mismatch", "signed checkpoint does not match the chain")
-            st.running = stored if h != stored else h
-            st.expect = seq + 1
-            st.events += 1
-            if bar is not None and task is not None and st.events % FETCH_ROWS == 0:
-                bar.advance(task, FETCH_ROWS)
+        for stream in _streams(conn):
+            try:
+                st = _check_stream(conn, stream, cps_by_stream, bar, task, sqlite_json=True)
+            except sqlite3.OperationalError:  # json_array refused a value (a BLOB)
+                st = _check_stream(conn, stream, cps_by_stream, bar, task, sqlite_json=False)
+            streams[stream] = st
     finally:
         if bar is not None:
             bar.stop()
     for stream, cps in cps_by_stream.items():
-        st = streams.get(stream)
-        if st is None:
-            st = streams[stream] = _StreamCheck(stream, cps)
+        if stream not in streams:
+            streams[stream] = _StreamCheck(stream, cps)
+        st = streams[stream]
         last = st.expect - 1
         beyond = [s for s in cps if s > last]
         if beyond:
@@ -346,7 +411,51 @@ def _check_chains(
     return streams
 
 
-def _diagnose(st: _StreamCheck, seq: int, prev: bytes, stored: bytes) -> None:
+def _check_stream(
+    conn: Connection,
+    stream: str,
+    cps_by_stream: dict[str, dict[int, bytes]],
+    bar: Any,
+    task: Any,
+    *,
+    sqlite_json: bool,
+) -> _StreamCheck:
+    st = _StreamCheck(stream, cps_by_stream.get(stream, {}))
+    for batch in _batches(conn, stream, sqlite_json=sqlite_json):
+        _check_batch(conn, st, batch)
+        if bar is not None:
+            bar.advance(task, len(batch))
+    return st
+
+
+def _check_batch(conn: Connection, st: _StreamCheck, batch: list[_ScanRow]) -> None:
+    """Recompute the hashes of one batch of a stream's rows (the verifier's hot loop).
+
+    Layout in :mod:`audit.chain`: the stream's prefix, the head JSON without its
+    brackets, then ``,block_ids,details]``.
+    """
+    sha256 = hashlib.sha256
+    prefix = canonical_prefix(st.stream)
+    cps = st.cps
+    running, expect = st.running, st.expect
+    for seq, head, bids, det, stored in batch:
+        if not head.isascii() or "\x7f" in head:
+            head = _ascii_head(head)
+        h = sha256(running + f"{prefix}{head[1:-1]},{bids},{det}]".encode()).digest()
+        if h != stored:
+            st.running, st.expect = running, expect
+            _diagnose(conn, st, seq, bytes(stored))
+        elif seq != expect:  # consistent hash but wrong position: cannot happen
+            st.add(seq, "seq_order", f"expected seq {expect}, found {seq}")
+        if seq in cps and cps[seq] != h:
+            st.add(seq, "checkpoint_mismatch", "signed checkpoint does not match the chain")
+        running = stored  # equal to h unless this event is bad: go on from what is stored
+        expect = seq + 1
+    st.running, st.expect = bytes(running), expect
+    st.events += len(batch)
+
+
+def _diagnose(conn: Connection, st: _StreamCheck, seq: int, stored: bytes) -> None:
     if seq > st.expect:
         st.add(
             seq,
@@ -355,7 +464,17 @@ def _diagnose(st: _StreamCheck, seq: int, prev: bytes, stored: bytes) -> None:
         )
     elif seq < st.expect:
         st.add(seq, "seq_order", f"seq {seq} appears after seq {st.expect - 1}")
-    elif prev != st.running:
+    elif _prev_hash(conn, st.stream, seq) != st.running:
         st.add(seq, "broken_link", "prev_hash does not match the previous event's hash")
     else:
         st.add(seq, "hash_mismatch", "event content does not match its hash (edited)")
+
+
+def _prev_hash(conn: Connection, stream: str, seq: int) -> bytes:
+    """The stored ``prev_hash`` of one event (read only when its hash is wrong)."""
+    prev = conn.execute(
+        select(AuditEventRow.prev_hash).where(
+            AuditEventRow.stream == stream, AuditEventRow.seq == seq
+        )
+    ).scalar_one()
+    return bytes(prev)

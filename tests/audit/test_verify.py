@@ -10,6 +10,7 @@ from sqlalchemy import create_engine, text
 
 from audit import AuditLog, load_public_key, verify
 from audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
+from audit.models import EVENT_INSERT_COLUMNS
 from audit.signing import generate_key_files
 from audit.store import normalize_url
 
@@ -59,12 +60,7 @@ def test_deleted_row_is_detected(db_url: str, populate: Populate) -> None:
 def test_inserted_row_is_detected(db_url: str, populate: Populate) -> None:
     """Inserting an event (renumbering the ones after it) breaks the chain there."""
     populate(db_url, 25)
-    cols = (
-        "stream, time_us, type, tenant, requester_tenant, classification, model, "
-        "model_revision, adapter, adapter_revision, tokenizer, tokenizer_revision, "
-        "template_version, sequence_id, token_count, reused_tokens, decision_id, "
-        "policy_revision, block_ids, details, prev_hash, hash"
-    )
+    cols = ", ".join(c for c in EVENT_INSERT_COLUMNS if c != "seq")
     attacker(
         db_url,
         f"UPDATE audit_events SET seq = seq + 1000 WHERE {W} AND seq > 5",
@@ -117,10 +113,8 @@ def test_rewritten_chain_is_caught_by_checkpoints(db_url: str, populate: Populat
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT seq, time_us, type, tenant, requester_tenant, classification, model, "
-                "model_revision, adapter, adapter_revision, tokenizer, tokenizer_revision, "
-                "template_version, sequence_id, token_count, reused_tokens, decision_id, "
-                "policy_revision FROM audit_events WHERE stream = 'w1' ORDER BY seq"
+                f"SELECT {', '.join(EVENT_INSERT_COLUMNS[1:19])} FROM audit_events "
+                "WHERE stream = 'w1' ORDER BY seq"  # seq .. policy_revision
             )
         ).all()
     engine.dispose()
@@ -188,3 +182,24 @@ def test_many_streams_verify_independently(db_url: str, populate: Populate) -> N
     report = verify(db_url)
     by = {s.stream: s for s in report.streams}
     assert not by["w1"].ok and by["w2"].ok
+
+
+def test_non_ascii_and_control_characters_verify(db_url: str, tmp_path: Path) -> None:
+    """Text fields with non-ASCII, DEL, quotes and control characters verify, and edits show."""
+    from audit import AuditEvent, EventType
+
+    odd = 'caf\u00e9 \u2603 \U0001f600 \x7f "q" \\ \n\t\x01'
+    with AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl") as log:
+        for i in range(3):
+            log.record(AuditEvent(EventType.ADMISSION, tenant=odd, model=f"m\u00fc{i}"))
+    assert verify(db_url).ok
+    attacker(db_url, f"UPDATE audit_events SET model = 'mu1' WHERE {W} AND seq = 2")
+    assert _first(db_url) == (2, "hash_mismatch")
+
+
+def test_blob_in_a_text_column_is_reported(tmp_path: Path, populate: Populate) -> None:
+    """A value JSON cannot hold (SQLite lets a BLOB into any column) shows as an edit."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    populate(url, 12)
+    attacker(url, f"UPDATE audit_events SET tenant = X'00ff' WHERE {W} AND seq = 5")
+    assert _first(url) == (5, "hash_mismatch")
