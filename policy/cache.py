@@ -7,8 +7,9 @@ Key: ``(rule path, input key, bundle revision)``. The input key is either
 * a **caller-supplied key** (``evaluate(path, input, key=...)``): any hashable value
   that determines the input exactly. :class:`~policy.client.PolicyClient` passes
   the tuple of a scope's nine field values (each checked to be ``str`` or ``None``,
-  in a fixed field order) plus the other input fields, which costs a few hundred
-  nanoseconds; that is how a cached decision stays within about 2 µs. A caller
+  in a fixed field order) plus the other input fields, which costs under 1 µs;
+  that is how a cached decision through the client stays within about 1.5 µs on a
+  quiet machine (benchmarks/bench_policy.py). A caller
   key must never be shared by two different inputs of the same rule: the key
   is trusted, not checked against the input.
 

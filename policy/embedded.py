@@ -3,7 +3,7 @@
 Why regorus: no ``opa`` binary can be installed where kvgov runs; regorus (the
 Rust Rego interpreter, PyPI ``gordon-to-regorus``) evaluates the bundle and its
 tests as OPA does (tests/policy/test_conformance.py pins the Rego semantics the
-bundle relies on, so the engine can be swapped) at about 10 µs a query.
+bundle relies on, so the engine can be swapped).
 
 Threads: a ``regorus.Engine`` is a pyo3 ``unsendable`` object. Using one from a
 thread other than the one that created it panics, and dropping it there leaks it
@@ -16,8 +16,13 @@ while evaluating; the active bundle is swapped by a single reference assignment.
 A thread's engine dies with its thread (a thread killed at interpreter exit,
 such as a daemon thread, may leave a "dropped on another thread" warning).
 
-Speed: regorus's interpreter takes roughly 60-200 µs for a bundle decision on a
-loaded 2-core machine (benchmarks/bench_policy.py), which is why decisions go
+Speed: an uncached admission decision takes about 40 µs here on a quiet 2-core
+machine, up to twice that when the machine is busy (benchmarks/bench_policy.py):
+about 30 µs in regorus's interpreter, 5-6 µs in ``set_input`` (a dict is handed
+over as is; JSON text is no cheaper), the rest building the :class:`Decision`.
+The interpreter charges a few µs for every rule or function a body refers to, so
+each decision of the bundle decides its common case in one body that reads the
+input in place (see admission.rego); that halved its time. Repeated decisions go
 through :class:`~policy.cache.CachedEngine`. regorus 0.13 also has a compiler and
 VM (``Program`` / ``Rvm``, about 25 µs), deliberately not used: it answered
 ``undefined`` for an ``else`` branch after a body with an undefined reference
@@ -55,7 +60,7 @@ class EmbeddedEngine:
         policy_dir: the bundle directory; None for the bundled ``policy/rego``.
         policy_data: data deep-merged over the bundle's data.json.
         run_tests: run the bundle's ``test_`` rules at load and refuse the bundle
-            if one fails (about 30 ms for the bundled policy).
+            if one fails (about 50 ms for the bundled policy).
         clock: timer for ``Decision.seconds``.
 
     Raises:
