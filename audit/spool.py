@@ -22,12 +22,13 @@ Every write is flushed and ``fsync``-ed before the writer reports it durable.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from audit.chain import canonical_json
 from audit.models import EVENT_INSERT_COLUMNS
@@ -100,6 +101,12 @@ _BLOCK_IDS = EVENT_INSERT_COLUMNS.index("block_ids")
 _DETAILS = EVENT_INSERT_COLUMNS.index("details")
 _PREV = EVENT_INSERT_COLUMNS.index("prev_hash")
 _HASH = EVENT_INSERT_COLUMNS.index("hash")
+#: Fields of checkpoint and key records that a spool line holds as hex text.
+_HEX_FIELDS: dict[type[Any], tuple[str, ...]] = {
+    CheckpointRecord: ("chain_hash", "signature"),
+    KeyRecord: ("public_key",),
+}
+_R = TypeVar("_R", CheckpointRecord, KeyRecord)
 
 
 def _event_line(row: EventRecord) -> dict[str, Any]:
@@ -163,9 +170,9 @@ class Spool:
         Raises:
             OSError: the file cannot be written (the caller reports ``AuditUnavailable``).
         """
-        lines = [json.dumps(_key_line(k), sort_keys=True) for k in keys]
+        lines = [json.dumps(_record_line("key", k), sort_keys=True) for k in keys]
         lines += [json.dumps(_event_line(r), sort_keys=True) for r in events]
-        lines += [json.dumps(_cp_line(c), sort_keys=True) for c in checkpoints]
+        lines += [json.dumps(_record_line("checkpoint", c), sort_keys=True) for c in checkpoints]
         if not lines:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,27 +208,9 @@ class Spool:
             if kind == "event":
                 events.append(_event_from(d))
             elif kind == "checkpoint":
-                cps.append(
-                    CheckpointRecord(
-                        d["stream"],
-                        d["seq"],
-                        bytes.fromhex(d["chain_hash"]),
-                        bytes.fromhex(d["signature"]),
-                        d["key_id"],
-                        d["time_us"],
-                    )
-                )
+                cps.append(_record_from(CheckpointRecord, d))
             elif kind == "key":
-                keys.append(
-                    KeyRecord(
-                        d["key_id"],
-                        bytes.fromhex(d["public_key"]),
-                        d["origin"],
-                        d["stream"],
-                        d["time_us"],
-                        d["algorithm"],
-                    )
-                )
+                keys.append(_record_from(KeyRecord, d))
         return SpoolContents(tuple(events), tuple(cps), tuple(keys))
 
     def remove(self) -> None:
@@ -229,25 +218,14 @@ class Spool:
         self.path.unlink(missing_ok=True)
 
 
-def _cp_line(c: CheckpointRecord) -> dict[str, Any]:
-    return {
-        "kind": "checkpoint",
-        "stream": c.stream,
-        "seq": c.seq,
-        "chain_hash": c.chain_hash.hex(),
-        "signature": c.signature.hex(),
-        "key_id": c.key_id,
-        "time_us": c.time_us,
-    }
+def _record_line(kind: str, record: CheckpointRecord | KeyRecord) -> dict[str, Any]:
+    d = dataclasses.asdict(record)
+    for name in _HEX_FIELDS[type(record)]:
+        d[name] = d[name].hex()
+    return {"kind": kind, **d}
 
 
-def _key_line(k: KeyRecord) -> dict[str, Any]:
-    return {
-        "kind": "key",
-        "key_id": k.key_id,
-        "algorithm": k.algorithm,
-        "public_key": k.public_key.hex(),
-        "origin": k.origin,
-        "stream": k.stream,
-        "time_us": k.time_us,
-    }
+def _record_from(cls: type[_R], d: dict[str, Any]) -> _R:
+    for name in _HEX_FIELDS[cls]:
+        d[name] = bytes.fromhex(d[name])
+    return cls(**d)
