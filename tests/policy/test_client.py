@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,6 +129,28 @@ def test_cached_accessor_keeps_decision_id(client: PolicyClient, scope: dict[str
     assert client.cache_stats().hits >= 1
     assert client.admission(scope, 10, None) is b
     assert client.bundle_revision == a.decision.bundle_revision
+
+
+def test_concurrent_hits_share_one_typed_answer(scope: dict[str, Any]) -> None:
+    """Threads asking the same question get one typed answer, and every call is counted."""
+    c = PolicyClient(EmbeddedEngine(run_tests=False))
+    first = c.admission(scope, 10, None)
+    kept = c.admission(scope, 10, None)  # the first hit keeps the typed answer
+    answers: list[Any] = []
+
+    def ask() -> None:
+        answers.extend(c.admission(scope, 10, None) for _ in range(200))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(a is kept for a in answers)
+    assert kept.decision.decision_id == first.decision.decision_id
+    stats = c.cache_stats()
+    assert (stats.hits, stats.misses) == (801, 1)
+    c.close()
 
 
 def test_scope_key_is_exact() -> None:
