@@ -7,6 +7,7 @@ import torch
 
 from allocator.zeroize import (
     GIL_HELD_MAX_BYTES,
+    PARALLEL_MIN_BYTES,
     CpuZeroizer,
     RunViews,
     coalesce_runs,
@@ -61,12 +62,14 @@ def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
     assert calls == [(3, 4), (1, 4), (2, 4)]
 
 
-@pytest.mark.parametrize("libc", [True, False], ids=["memset", "zero_"])
-def test_cpu_zeroizer_clears_runs_above_the_gil_held_limit(libc: bool) -> None:
-    """A run larger than GIL_HELD_MAX_BYTES (memset without the GIL, or zero_() without
-    libc) and a small one are cleared exactly; the blocks between keep their bytes."""
+@pytest.mark.parametrize("libc", [True, False], ids=["libc", "no-libc"])
+@pytest.mark.parametrize("run_bytes", [GIL_HELD_MAX_BYTES, PARALLEL_MIN_BYTES], ids=["mid", "big"])
+def test_cpu_zeroizer_clears_large_runs(libc: bool, run_bytes: int) -> None:
+    """Runs above GIL_HELD_MAX_BYTES (memset without the GIL) and from PARALLEL_MIN_BYTES
+    (zero_()), or any run without libc, are cleared exactly with a small one beside
+    them; the blocks between keep their bytes."""
     width = 1024  # 8 KiB blocks
-    big = GIL_HELD_MAX_BYTES // (width * 8) + 3
+    big = run_bytes // (width * 8) + 3
     words = _words(big + 6, width)
     before = words.clone()
     zeroizer = CpuZeroizer(words, verify=False)
