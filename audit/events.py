@@ -20,6 +20,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 from kvgov.exceptions import InvalidAuditEvent
+from kvgov.schema import SCOPE_FIELDS
 
 __all__ = [
     "CRITICAL_EVENT_TYPES",
@@ -33,16 +34,9 @@ __all__ = [
 #: (:mod:`audit.chain`) and the ``audit_events`` columns hold them; ``block_ids`` and
 #: ``details`` follow.
 FIELDS: Final = (
-    "tenant",
+    SCOPE_FIELDS[0],  # the tenant who owns the blocks
     "requester_tenant",
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
+    *SCOPE_FIELDS[1:],
     "sequence_id",
     "token_count",
     "reused_tokens",

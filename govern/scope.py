@@ -7,7 +7,7 @@ from typing import Any
 
 from kvgov.defaults import MAX_SCOPE_FIELD_CHARS
 from kvgov.exceptions import InvalidScope
-from policy.client import SCOPE_FIELDS
+from kvgov.schema import SCOPE_FIELDS
 
 __all__ = ["SCOPE_FIELDS", "CacheScope"]
 

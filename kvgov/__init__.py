@@ -3,7 +3,8 @@
 The public API lives in :mod:`govern` (``GovernedKVCache``, ``CacheScope``);
 :mod:`allocator`, :mod:`policy` and :mod:`audit` are the lower layers. This
 package holds only what all of them share: the exception hierarchy
-(:mod:`kvgov.exceptions`) and the named defaults (:mod:`kvgov.defaults`).
+(:mod:`kvgov.exceptions`), the named defaults (:mod:`kvgov.defaults`) and the
+shared field names (:mod:`kvgov.schema`).
 """
 
 from importlib.metadata import PackageNotFoundError, version

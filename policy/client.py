@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from kvgov.defaults import DECISION_CACHE_SIZE, MAX_PRIORITY, MIN_PRIORITY, OPA_TIMEOUT_SECONDS
 from kvgov.exceptions import PolicyError
+from kvgov.schema import SCOPE_FIELDS
 from policy.cache import CachedEngine, CacheStats
 from policy.embedded import EmbeddedEngine
 from policy.engine import Decision, PolicyEngine
@@ -55,18 +56,6 @@ __all__ = [
     "scope_key",
 ]
 
-#: The fields of a scope in policy input, in cache-key order.
-SCOPE_FIELDS = (
-    "tenant",
-    "classification",
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-)
 #: Rule paths of the bundle.
 ADMISSION_PATH = "kvgov/admission/decision"
 SHARING_PATH = "kvgov/sharing/decision"
