@@ -913,8 +913,9 @@ class BlockPool:
         if None in found:
             raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
         dropped = cast(list[bytes], found)
-        for b, k in zip(blocks, dropped, strict=True):
+        for k in dropped:
             del index[k]
+        for b in blocks:
             keys[b] = None
             count[b] = FREE_CODE  # see _zeroize
         self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))

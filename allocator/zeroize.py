@@ -18,7 +18,7 @@ import ctypes
 import time
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -161,11 +161,7 @@ def _libc_memset(*, hold_gil: bool) -> Callable[[int, int, int], object] | None:
         return None
     fn.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
     fn.restype = ctypes.c_void_p
-
-    def memset(address: int, value: int, nbytes: int) -> object:
-        return fn(address, value, nbytes)
-
-    return memset
+    return cast(Callable[[int, int, int], object], fn)  # called as is: no wrapper frame
 
 
 #: Runs up to this many bytes are cleared by memset with the GIL held (tens of
