@@ -136,6 +136,35 @@ class CachedEngine:
         """
         return self._lookup(path, input, key)[1]
 
+    def kept(self, path: str, key: Hashable, view: Callable[[Decision], T]) -> T | None:
+        """The value ``view`` took of a cached decision, if one is kept for this key.
+
+        The hit path of :meth:`evaluate_as` without building the policy input: a
+        caller that has ``key`` tries this first and builds the input only when it
+        returns None (no entry, or no value kept for ``view``), which counts nothing:
+        the :meth:`evaluate_as` that follows counts the hit or the miss.
+
+        Args:
+            path: the rule.
+            key: as for :meth:`evaluate` (not None).
+            view: as for :meth:`evaluate_as`.
+
+        Returns:
+            The kept value, or None.
+        """
+        full = (path, key, self._engine.bundle_revision)
+        with self._lock:
+            hit = self._lru.get(full)
+            if hit is None:
+                return None
+            kept = hit.view
+            if kept is None or kept[0] is not view:
+                return None
+            self._lru.move_to_end(full)
+            self._hits += 1
+        value: T = kept[1]
+        return value
+
     def evaluate_as(
         self,
         path: str,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -230,6 +230,7 @@ def _read_admission(d: Decision) -> AdmissionDecision:
 
 
 _V = TypeVar("_V", bound=_Verdict)
+T = TypeVar("T")
 
 
 def _read_verdict(kind: type[_V], d: Decision) -> _V:
@@ -353,6 +354,20 @@ class PolicyClient:
         """Return the decision cache's hits, misses and size."""
         return self._cached.stats()
 
+    def _decide(
+        self,
+        path: str,
+        key: Hashable | None,
+        view: Callable[[Decision], T],
+        build: Callable[[], Mapping[str, Any]],
+    ) -> T:
+        """The typed answer for ``path``: the kept one on a hit, before any input is built."""
+        if key is not None:
+            kept = self._cached.kept(path, key, view)
+            if kept is not None:
+                return kept
+        return self._cached.evaluate_as(path, build(), view, key=key)
+
     def admission(
         self, scope: Mapping[str, Any], tokens: int, priority: int | None
     ) -> AdmissionDecision:
@@ -370,11 +385,11 @@ class PolicyClient:
         key = None
         if sk is not None and type(tokens) is int and (priority is None or type(priority) is int):
             key = (sk, tokens, priority)
-        return self._cached.evaluate_as(
+        return self._decide(
             ADMISSION_PATH,
-            {"scope": scope, "tokens": tokens, "priority": priority},
+            key,
             _read_admission,
-            key=key,
+            lambda: {"scope": scope, "tokens": tokens, "priority": priority},
         )
 
     def sharing(self, requester: Mapping[str, Any], owner: Mapping[str, Any]) -> SharingDecision:
@@ -389,8 +404,8 @@ class PolicyClient:
         """
         rk, ok = scope_key(requester), scope_key(owner)
         key = (rk, ok) if rk is not None and ok is not None else None
-        return self._cached.evaluate_as(
-            SHARING_PATH, {"requester": requester, "owner": owner}, _read_sharing, key=key
+        return self._decide(
+            SHARING_PATH, key, _read_sharing, lambda: {"requester": requester, "owner": owner}
         )
 
     def offload(self, scope: Mapping[str, Any], tier: str) -> OffloadDecision:
@@ -405,8 +420,8 @@ class PolicyClient:
         """
         sk = scope_key(scope)
         key = (sk, tier) if sk is not None and type(tier) is str else None
-        return self._cached.evaluate_as(
-            OFFLOAD_PATH, {"scope": scope, "tier": tier}, _read_offload, key=key
+        return self._decide(
+            OFFLOAD_PATH, key, _read_offload, lambda: {"scope": scope, "tier": tier}
         )
 
     def share_groups(self, scope: Mapping[str, Any]) -> ShareGroups:
@@ -418,9 +433,7 @@ class PolicyClient:
         Returns:
             The groups; fails closed (publish None, read empty) on any error.
         """
-        return self._cached.evaluate_as(
-            GROUPS_PATH, {"scope": scope}, _read_groups, key=scope_key(scope)
-        )
+        return self._decide(GROUPS_PATH, scope_key(scope), _read_groups, lambda: {"scope": scope})
 
     def retention(self, scope: Mapping[str, Any]) -> RetentionDecision:
         """Return how long an idle cached block of a scope may live.
@@ -431,8 +444,8 @@ class PolicyClient:
         Returns:
             The TTL; fails closed (0 seconds) on any error.
         """
-        return self._cached.evaluate_as(
-            RETENTION_PATH, {"scope": scope}, _read_retention, key=scope_key(scope)
+        return self._decide(
+            RETENTION_PATH, scope_key(scope), _read_retention, lambda: {"scope": scope}
         )
 
     def classifications(self) -> frozenset[str]:
@@ -441,7 +454,7 @@ class PolicyClient:
         Returns:
             The labels; an empty set on any error (every label is then unknown).
         """
-        return self._cached.evaluate_as(CLASSIFICATIONS_PATH, {}, _read_classifications, key=())
+        return self._decide(CLASSIFICATIONS_PATH, (), _read_classifications, dict)
 
     def reload(
         self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None

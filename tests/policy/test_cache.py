@@ -69,6 +69,31 @@ def test_view_is_kept_with_the_cached_decision() -> None:
     assert inner.calls == 1 and c.stats().hits == 2
 
 
+def test_kept_answers_only_a_kept_view_and_counts_only_hits() -> None:
+    """kept() returns the value evaluate_as kept for that key and view, counting a hit;
+    with no entry, no kept value or another view it returns None and counts nothing."""
+    c = CachedEngine(CountingEngine())
+    assert c.kept(PATH, "k", read_n) is None
+    c.evaluate(PATH, {"n": 1}, key="k")
+    assert c.kept(PATH, "k", read_n) is None  # stored, but no view of it kept yet
+    assert c.stats().hits == 0 and c.stats().misses == 1
+    value = c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
+    assert c.kept(PATH, "k", read_n) is value
+    assert c.kept(PATH, "k", lambda d: d.decision_id) is None
+    assert c.kept("kvgov/offload/decision", "k", read_n) is None
+    assert c.stats().hits == 2 and c.stats().misses == 1
+
+
+def test_kept_misses_after_a_revision_change() -> None:
+    """A value kept under the old bundle revision is not returned under the new one."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
+    c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
+    inner.bundle_revision = "r2"
+    assert c.kept(PATH, "k", read_n) is None
+
+
 def test_another_view_is_taken_afresh() -> None:
     """A different view function is not answered with another view's kept value."""
     c = CachedEngine(CountingEngine())
