@@ -358,15 +358,12 @@ class BlockPool:
             if cached:
                 self._cache(cached)
             if dirty:
-                # keyed blocks freed with cache=False drop their key; unkeyed ones
-                # (partial blocks, the common case) are told apart in one C-level pass
-                if list(map(keys.__getitem__, dirty)).count(None) != len(dirty):
-                    index = self._index
-                    for b in dirty:
-                        k = keys[b]
-                        if k is not None:
-                            del index[k]
-                            keys[b] = None
+                index = self._index
+                for b in dirty:
+                    k = keys[b]
+                    if k is not None:
+                        del index[k]
+                        keys[b] = None
                 if self._detached:
                     self._detached.difference_update(dirty)
                 self._zeroize(dirty)
