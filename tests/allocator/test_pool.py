@@ -866,3 +866,84 @@ PoolMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=50, derandomize=True, deadline=None
 )
 test_pool_state_machine = PoolMachine.TestCase
+
+
+# ---------------------------------------------------------------- whole-table batches
+# free() of a sequence's whole block table: order, mixed keys, shared blocks.
+
+
+def test_contiguous_keyed_range_is_cached_in_the_order_given() -> None:
+    """Freeing blocks 0..5, all keyed, caches them in the given order (LRU order)."""
+    pool = make_pool()
+    ids = pool.allocate(6)
+    pool.set_keys(ids, [bytes([i + 1]) for i in ids])
+    pool.free([3, 1, 5, 0, 4, 2])
+    assert list(pool._queue) == [3, 1, 5, 0, 4, 2]
+    assert all(pool.state(b) is BlockState.CACHED for b in ids)
+    pool._check_invariants()
+
+
+def test_contiguous_unkeyed_range_is_zeroized_and_freed() -> None:
+    """Freeing unkeyed blocks 2..5 zeroizes them in one event and makes them FREE."""
+    pool = make_pool()
+    ids = pool.allocate(6)
+    fill(pool, ids)
+    pool.take_events()
+    pool.free(ids[2:][::-1])
+    assert [pool.state(b) for b in ids] == [BlockState.OWNED] * 2 + [BlockState.FREE] * 4
+    assert all(is_zero(pool, b) for b in ids[2:]) and not is_zero(pool, ids[0])
+    (event,) = pool.take_events()
+    assert isinstance(event, BlocksZeroized) and event.block_ids == (2, 3, 4, 5)
+    pool._check_invariants(check_zero=True)
+
+
+def test_contiguous_range_with_mixed_keys_splits_exactly() -> None:
+    """Keyed blocks of a contiguous batch are cached, unkeyed ones zeroized."""
+    pool = make_pool()
+    ids = pool.allocate(4)
+    fill(pool, ids)
+    pool.set_keys([ids[0], ids[2]], [b"a", b"c"])
+    pool.free(ids)
+    assert [pool.state(b) for b in ids] == [
+        BlockState.CACHED,
+        BlockState.FREE,
+        BlockState.CACHED,
+        BlockState.FREE,
+    ]
+    assert pool.lookup([b"a"]) == [ids[0]]
+    pool._check_invariants(check_zero=True)
+
+
+def test_contiguous_keyed_range_with_cache_false_drops_every_key() -> None:
+    """cache=False on a keyed contiguous batch drops the keys from the index too."""
+    pool = make_pool()
+    ids = pool.allocate(3)
+    pool.set_keys(ids, [b"x", b"y", b"z"])
+    pool.free(ids, cache=False)
+    assert all(pool.state(b) is BlockState.FREE and pool.key(b) is None for b in ids)
+    assert pool.lookup([b"x"]) == []
+    pool._check_invariants(check_zero=True)
+
+
+def test_contiguous_range_with_a_shared_block_decrements_it_only() -> None:
+    """A block held twice inside a contiguous batch stays OWNED; the rest are released."""
+    pool = make_pool()
+    ids = pool.allocate(3)
+    pool.set_keys(ids, [b"p", b"q", b"r"])
+    assert pool.lookup([b"p"]) == [ids[0]]
+    pool.free(ids)
+    assert pool.state(ids[0]) is BlockState.OWNED and pool.ref_count(ids[0]) == 1
+    assert pool.state(ids[1]) is BlockState.CACHED and pool.state(ids[2]) is BlockState.CACHED
+    pool._check_invariants()
+
+
+@pytest.mark.parametrize("bad", [[0, 1, 1], [0, 1, 8], [-1, 0, 1]])
+def test_contiguous_looking_bad_batch_is_refused_unchanged(bad: list[int]) -> None:
+    """Duplicates, out-of-range or negative ids in a range-like batch are refused
+    with the pool unchanged."""
+    pool = make_pool()
+    pool.allocate(3)
+    before = snapshot(pool)
+    with pytest.raises((BlockStateError, UnknownBlock)):
+        pool.free(bad)
+    assert snapshot(pool) == before
