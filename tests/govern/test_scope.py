@@ -6,6 +6,7 @@ import pytest
 
 from govern import CacheScope
 from kvgov.exceptions import InvalidScope
+from kvgov.schema import SCOPE_FIELDS
 
 from .conftest import make_scope
 
@@ -16,17 +17,8 @@ def test_valid_scope_round_trips_to_policy_dict() -> None:
     d = scope.as_dict()
     assert d["tenant"] == "acme"
     assert d["adapter"] is None and d["adapter_revision"] is None
-    assert set(d) == {
-        "tenant",
-        "classification",
-        "model",
-        "model_revision",
-        "adapter",
-        "adapter_revision",
-        "tokenizer",
-        "tokenizer_revision",
-        "template_version",
-    }
+    assert tuple(d) == SCOPE_FIELDS  # every field, in the order keys and policy use
+    assert len(SCOPE_FIELDS) == 9 and SCOPE_FIELDS[0] == "tenant"
 
 
 @pytest.mark.parametrize(
