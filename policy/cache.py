@@ -26,9 +26,9 @@ A hit returns the stored decision: it carries the **original** ``decision_id``
 Views: :meth:`CachedEngine.evaluate_as` returns ``view(decision)`` instead, and
 keeps the value with the cached decision, so a hit returns the value the view
 gave the first time instead of reading and checking the decision again.
-:class:`~policy.client.PolicyClient` reads every typed answer this way: a hit
-is then one lookup, not a lookup in the cache and another in a memo of typed
-answers.
+:class:`~policy.client.PolicyClient` reads every typed answer this way, through
+:meth:`CachedEngine.answer`, which builds the policy input only on a miss: a
+hit is one lookup, with no input built and no memo of typed answers beside it.
 """
 
 from __future__ import annotations
@@ -134,36 +134,7 @@ class CachedEngine:
         Returns:
             The decision; ``cached=True`` when served from the cache.
         """
-        return self._lookup(path, input, key)[1]
-
-    def kept(self, path: str, key: Hashable, view: Callable[[Decision], T]) -> T | None:
-        """The value ``view`` took of a cached decision, if one is kept for this key.
-
-        The hit path of :meth:`evaluate_as` without building the policy input: a
-        caller that has ``key`` tries this first and builds the input only when it
-        returns None (no entry, or no value kept for ``view``), which counts nothing:
-        the :meth:`evaluate_as` that follows counts the hit or the miss.
-
-        Args:
-            path: the rule.
-            key: as for :meth:`evaluate` (not None).
-            view: as for :meth:`evaluate_as`.
-
-        Returns:
-            The kept value, or None.
-        """
-        full = (path, key, self._engine.bundle_revision)
-        with self._lock:
-            hit = self._lru.get(full)
-            if hit is None:
-                return None
-            kept = hit.view
-            if kept is None or kept[0] is not view:
-                return None
-            self._lru.move_to_end(full)
-            self._hits += 1
-        value: T = kept[1]
-        return value
+        return self._lookup(path, key, lambda: input)[1]
 
     def evaluate_as(
         self,
@@ -191,7 +162,31 @@ class CachedEngine:
         Returns:
             The view's value.
         """
-        entry, decision = self._lookup(path, input, key)
+        return self.answer(path, key, view, lambda: input)
+
+    def answer(
+        self,
+        path: str,
+        key: Hashable | None,
+        view: Callable[[Decision], T],
+        build: Callable[[], Mapping[str, Any]],
+    ) -> T:
+        """:meth:`evaluate_as` with the input built only when it is needed.
+
+        ``build()`` makes the policy input; it is called on a miss (and first,
+        to key by canonical JSON, when ``key`` is None), never on a hit, so a
+        caller with a key pays nothing for an input the cache already answered.
+
+        Args:
+            path: the rule.
+            key: as for :meth:`evaluate`.
+            view: as for :meth:`evaluate_as`.
+            build: returns the policy input.
+
+        Returns:
+            The view's value.
+        """
+        entry, decision = self._lookup(path, key, build)
         if entry is None:
             return view(decision)
         kept = entry.view
@@ -203,10 +198,11 @@ class CachedEngine:
         return value
 
     def _lookup(
-        self, path: str, input: Mapping[str, Any], key: Hashable | None
+        self, path: str, key: Hashable | None, build: Callable[[], Mapping[str, Any]]
     ) -> tuple[_Entry | None, Decision]:
         """The hit entry and its decision, or (None, the engine's decision) on a miss."""
         if key is None:
+            input = build()
             try:
                 key = canonical_json(input)
             except (TypeError, ValueError):
@@ -214,6 +210,7 @@ class CachedEngine:
                 with self._lock:
                     self._misses += 1
                 return None, self._engine.evaluate(path, input)
+            build = lambda: input  # noqa: E731 - built once, reused on the miss below
         full = (path, key, self._engine.bundle_revision)
         lru = self._lru
         with self._lock:
@@ -223,7 +220,7 @@ class CachedEngine:
                 self._hits += 1
                 return hit, hit.decision
             self._misses += 1
-        decision = self._engine.evaluate(path, input)
+        decision = self._engine.evaluate(path, build())
         if decision.error is None and self._maxsize > 0:
             entry = _Entry(dataclasses.replace(decision, cached=True))
             # Key by the revision that actually decided (it may have moved on).

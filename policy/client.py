@@ -16,9 +16,10 @@ when the scope has exactly those keys and every value is a ``str`` or ``None``
 because other types fall back to canonical JSON). See :mod:`policy.cache`.
 
 Typed answers: each accessor reads its decision with a module-level reader
-(``_read_admission`` ...) through :meth:`CachedEngine.evaluate_as
-<policy.cache.CachedEngine.evaluate_as>`, which keeps the typed answer with the
-cached decision; a cache hit returns that same answer object, unchecked again.
+(``_read_admission`` ...) through :meth:`CachedEngine.answer
+<policy.cache.CachedEngine.answer>`, which keeps the typed answer with the
+cached decision and builds the policy input only on a miss; a cache hit returns
+that same answer object, unchecked again.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -192,7 +193,7 @@ def _is_int(x: Any) -> bool:
 
 # The readers: each turns one rule's decision into its typed answer, or into the
 # fail-closed answer when the decision failed or has the wrong shape. They are
-# module-level so CachedEngine.evaluate_as can keep their answers (it matches a
+# module-level so CachedEngine.answer can keep their answers (it matches a
 # reader by identity).
 
 
@@ -230,7 +231,6 @@ def _read_admission(d: Decision) -> AdmissionDecision:
 
 
 _V = TypeVar("_V", bound=_Verdict)
-T = TypeVar("T")
 
 
 def _read_verdict(kind: type[_V], d: Decision) -> _V:
@@ -354,20 +354,6 @@ class PolicyClient:
         """Return the decision cache's hits, misses and size."""
         return self._cached.stats()
 
-    def _decide(
-        self,
-        path: str,
-        key: Hashable | None,
-        view: Callable[[Decision], T],
-        build: Callable[[], Mapping[str, Any]],
-    ) -> T:
-        """The typed answer for ``path``: the kept one on a hit, before any input is built."""
-        if key is not None:
-            kept = self._cached.kept(path, key, view)
-            if kept is not None:
-                return kept
-        return self._cached.evaluate_as(path, build(), view, key=key)
-
     def admission(
         self, scope: Mapping[str, Any], tokens: int, priority: int | None
     ) -> AdmissionDecision:
@@ -385,7 +371,7 @@ class PolicyClient:
         key = None
         if sk is not None and type(tokens) is int and (priority is None or type(priority) is int):
             key = (sk, tokens, priority)
-        return self._decide(
+        return self._cached.answer(
             ADMISSION_PATH,
             key,
             _read_admission,
@@ -404,7 +390,7 @@ class PolicyClient:
         """
         rk, ok = scope_key(requester), scope_key(owner)
         key = (rk, ok) if rk is not None and ok is not None else None
-        return self._decide(
+        return self._cached.answer(
             SHARING_PATH, key, _read_sharing, lambda: {"requester": requester, "owner": owner}
         )
 
@@ -420,7 +406,7 @@ class PolicyClient:
         """
         sk = scope_key(scope)
         key = (sk, tier) if sk is not None and type(tier) is str else None
-        return self._decide(
+        return self._cached.answer(
             OFFLOAD_PATH, key, _read_offload, lambda: {"scope": scope, "tier": tier}
         )
 
@@ -433,7 +419,9 @@ class PolicyClient:
         Returns:
             The groups; fails closed (publish None, read empty) on any error.
         """
-        return self._decide(GROUPS_PATH, scope_key(scope), _read_groups, lambda: {"scope": scope})
+        return self._cached.answer(
+            GROUPS_PATH, scope_key(scope), _read_groups, lambda: {"scope": scope}
+        )
 
     def retention(self, scope: Mapping[str, Any]) -> RetentionDecision:
         """Return how long an idle cached block of a scope may live.
@@ -444,7 +432,7 @@ class PolicyClient:
         Returns:
             The TTL; fails closed (0 seconds) on any error.
         """
-        return self._decide(
+        return self._cached.answer(
             RETENTION_PATH, scope_key(scope), _read_retention, lambda: {"scope": scope}
         )
 
@@ -454,7 +442,7 @@ class PolicyClient:
         Returns:
             The labels; an empty set on any error (every label is then unknown).
         """
-        return self._decide(CLASSIFICATIONS_PATH, (), _read_classifications, dict)
+        return self._cached.answer(CLASSIFICATIONS_PATH, (), _read_classifications, dict)
 
     def reload(
         self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None

@@ -69,29 +69,53 @@ def test_view_is_kept_with_the_cached_decision() -> None:
     assert inner.calls == 1 and c.stats().hits == 2
 
 
-def test_kept_answers_only_a_kept_view_and_counts_only_hits() -> None:
-    """kept() returns the value evaluate_as kept for that key and view, counting a hit;
-    with no entry, no kept value or another view it returns None and counts nothing."""
-    c = CachedEngine(CountingEngine())
-    assert c.kept(PATH, "k", read_n) is None
-    c.evaluate(PATH, {"n": 1}, key="k")
-    assert c.kept(PATH, "k", read_n) is None  # stored, but no view of it kept yet
-    assert c.stats().hits == 0 and c.stats().misses == 1
-    value = c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
-    assert c.kept(PATH, "k", read_n) is value
-    assert c.kept(PATH, "k", lambda d: d.decision_id) is None
-    assert c.kept("kvgov/offload/decision", "k", read_n) is None
-    assert c.stats().hits == 2 and c.stats().misses == 1
+def test_answer_builds_the_input_only_on_a_miss_and_counts_each_call_once() -> None:
+    """answer() calls build() on a miss only; a hit returns the kept value (or takes
+    another view afresh) without building; each call counts one hit or one miss."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    built: list[int] = []
+
+    def build() -> dict[str, int]:
+        built.append(1)
+        return {"n": 1}
+
+    miss = c.answer(PATH, "k", read_n, build)
+    hit = c.answer(PATH, "k", read_n, build)
+    assert miss == (1, False) and hit == (1, True)
+    assert c.answer(PATH, "k", read_n, build) is hit
+    assert c.answer(PATH, "k", lambda d: d.cached, build) is True  # another view, on the hit
+    assert len(built) == 1 and inner.calls == 1
+    assert c.stats().hits == 3 and c.stats().misses == 1
+    c.answer("kvgov/offload/decision", "k", read_n, build)  # another rule: a miss
+    assert len(built) == 2 and c.stats().misses == 2
 
 
-def test_kept_misses_after_a_revision_change() -> None:
+def test_answer_misses_after_a_revision_change() -> None:
     """A value kept under the old bundle revision is not returned under the new one."""
     inner = CountingEngine()
     c = CachedEngine(inner)
-    c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
-    c.evaluate_as(PATH, {"n": 1}, read_n, key="k")
+    c.answer(PATH, "k", read_n, lambda: {"n": 1})
+    kept = c.answer(PATH, "k", read_n, lambda: {"n": 1})
     inner.bundle_revision = "r2"
-    assert c.kept(PATH, "k", read_n) is None
+    fresh = c.answer(PATH, "k", read_n, lambda: {"n": 1})
+    assert kept == (1, True) and fresh == (1, False) and inner.calls == 2
+
+
+def test_answer_without_a_key_builds_once_per_call() -> None:
+    """With no key the input is built to key it by JSON, and that same input is
+    evaluated on the miss: one build per call, one evaluation in all."""
+    inner = CountingEngine()
+    c = CachedEngine(inner)
+    built: list[int] = []
+
+    def build() -> dict[str, int]:
+        built.append(1)
+        return {"n": 2}
+
+    assert c.answer(PATH, None, read_n, build) == (2, False)
+    assert c.answer(PATH, None, read_n, build) == (2, True)
+    assert len(built) == 2 and inner.calls == 1
 
 
 def test_another_view_is_taken_afresh() -> None:
