@@ -147,7 +147,7 @@ class _KeyPlan:
 
     root: bytes  # namespace root of the scope's own blocks: the tenant's or its publish group's
     rest_parent: bytes  # parent of the first block after the public prefix (root without one)
-    read_groups: Sequence[str] = ()  # share groups the scope may also look up in
+    read_roots: tuple[bytes, ...] = ()  # other namespaces the scope may look up in
     keys: list[CacheKey] = field(default_factory=list)  # one key per full block
     prefix_blocks: int = 0  # leading blocks keyed under the public prefix scope
     prefix_view: _ScopeView | None = None  # that scope
@@ -429,7 +429,7 @@ class GovernedKVCache:
                         )
                 else:
                     hit_ids = self._lookup(
-                        view, packed, plan.keys, max_hit, plan.root, plan.read_groups, seq_id
+                        view, packed, plan.keys, max_hit, plan.read_roots, seq_id
                     )
             try:
                 new_ids = self._pool.allocate(num_blocks - len(hit_ids))
@@ -971,8 +971,7 @@ class GovernedKVCache:
         packed: bytes,
         keys: list[CacheKey],
         max_hit: int,
-        publish_root: bytes,
-        read_groups: Sequence[str],
+        read_roots: tuple[bytes, ...],
         seq_id: str,
     ) -> list[int]:
         """Longest permitted hit over the publish namespace, the tenant's own and readable groups.
@@ -981,19 +980,9 @@ class GovernedKVCache:
         a scope without share groups pays for one chain. Takes a reference on
         the returned blocks only.
         """
-        pool = self._pool
-        best = pool.lookup(keys[:max_hit])
-        seen = {publish_root}
-        for root in (view.own_root, *(self._group_root(g) for g in read_groups)):
-            if root in seen or len(best) == max_hit:
-                continue
-            seen.add(root)
-            chain = self._deriver.derive_chain(root, packed, view.digest, self._block_size, max_hit)
-            found = pool.lookup(chain)
-            if len(found) > len(best):
-                best, found = found, best
-            if found:
-                pool.free(found)
+        best = self._longest_hit(
+            self._pool.lookup(keys[:max_hit]), read_roots, packed, view.digest, max_hit
+        )
         self._drain()
         if best:
             best = self._check_sharing(view, best, seq_id)
@@ -1007,23 +996,41 @@ class GovernedKVCache:
         (its tenant's own, its readable share groups); the rest of the prompt
         only in the scope's own namespace, chained from its own prefix keys.
         """
-        pool = self._pool
-        best = pool.lookup(plan.keys[:max_hit])
+        best = self._pool.lookup(plan.keys[:max_hit])
         span = min(plan.prefix_blocks, max_hit)
         if len(best) >= span or plan.prefix_view is None:
             return best
-        digest = plan.prefix_view.digest
-        for root in plan.prefix_read_roots:
-            chain = self._deriver.derive_chain(root, packed, digest, self._block_size, span)
+        best = self._longest_hit(
+            best, plan.prefix_read_roots, packed, plan.prefix_view.digest, span
+        )
+        if len(best) == span < max_hit:  # the whole prefix, found in another namespace
+            best += self._pool.lookup(plan.keys[span:max_hit])
+        return best
+
+    def _longest_hit(
+        self,
+        best: list[int],
+        roots: tuple[bytes, ...],
+        packed: bytes,
+        digest: ScopeDigest,
+        count: int,
+    ) -> list[int]:
+        """The longest of ``best`` and the hits of the first ``count`` blocks in each root.
+
+        Chains are derived root by root and only until a hit covers all ``count``
+        blocks; every hit but the longest is given back, so a reference is held
+        on the returned blocks only.
+        """
+        pool = self._pool
+        for root in roots:
+            if len(best) == count:
+                break
+            chain = self._deriver.derive_chain(root, packed, digest, self._block_size, count)
             found = pool.lookup(chain)
             if len(found) > len(best):
                 best, found = found, best
             if found:
                 pool.free(found)
-            if len(best) == span:
-                if span < max_hit:
-                    best += pool.lookup(plan.keys[span:max_hit])
-                break
         return best
 
     def _check_sharing(
@@ -1117,8 +1124,7 @@ class GovernedKVCache:
     ) -> _KeyPlan:
         """Decide the namespaces, retention and keys of a cacheable admission."""
         policy = self._policy
-        groups = policy.share_groups(view.fields)
-        root = view.own_root if groups.publish is None else self._group_root(groups.publish)
+        root, read_roots = self._namespaces(view)
         ttl = float(policy.retention(view.fields).ttl_seconds)
         if ttl <= 0:
             return _KeyPlan(root, root)  # nothing may be kept: key nothing
@@ -1127,8 +1133,7 @@ class GovernedKVCache:
         prefix_blocks = min(public_prefix_tokens // bs, num_full)
         if prefix_blocks:
             pview = self._view(replace(view.scope, classification=_PUBLIC))
-            pgroups = policy.share_groups(pview.fields)
-            proot = pview.own_root if pgroups.publish is None else self._group_root(pgroups.publish)
+            proot, prefix_read_roots = self._namespaces(pview)
             pttl = float(policy.retention(pview.fields).ttl_seconds)
             if pttl > 0:
                 prefix_keys = derive(proot, packed, pview.digest, bs, prefix_blocks)
@@ -1141,20 +1146,28 @@ class GovernedKVCache:
                     num_full - prefix_blocks,
                     first=prefix_blocks,
                 )
-                read_roots = (pview.own_root, *(self._group_root(g) for g in pgroups.read))
                 return _KeyPlan(
                     root,
                     rest_parent,
-                    groups.read,
+                    read_roots,
                     prefix_keys + rest,
                     prefix_blocks,
                     pview,
                     pttl,
                     ttl,
-                    tuple(dict.fromkeys(r for r in read_roots if r != proot)),
+                    prefix_read_roots,
                 )
         keys = derive(root, packed, view.digest, bs, num_full)
-        return _KeyPlan(root, root, groups.read, keys, ttl=ttl)
+        return _KeyPlan(root, root, read_roots, keys, ttl=ttl)
+
+    def _namespaces(self, view: _ScopeView) -> tuple[bytes, tuple[bytes, ...]]:
+        """Where a scope's blocks are keyed (its tenant's namespace, or the share group
+        the policy lets it publish in) and the other namespaces it may find blocks in
+        (its tenant's own and every group it may read), each once."""
+        groups = self._policy.share_groups(view.fields)
+        root = view.own_root if groups.publish is None else self._group_root(groups.publish)
+        readable = (view.own_root, *(self._group_root(g) for g in groups.read))
+        return root, tuple(dict.fromkeys(r for r in readable if r != root))
 
     def _end(self, seq_id: str, *, cache: bool, reason: str) -> bool:
         with self._lock:
