@@ -69,26 +69,33 @@ def test_view_is_kept_with_the_cached_decision() -> None:
     assert inner.calls == 1 and c.stats().hits == 2
 
 
+class InputBuilder:
+    """Builds the input ``{"n": n}`` for CachedEngine.answer, counting the builds."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.builds = 0
+
+    def __call__(self) -> dict[str, int]:
+        self.builds += 1
+        return {"n": self.n}
+
+
 def test_answer_builds_the_input_only_on_a_miss_and_counts_each_call_once() -> None:
     """answer() calls build() on a miss only; a hit returns the kept value (or takes
     another view afresh) without building; each call counts one hit or one miss."""
     inner = CountingEngine()
     c = CachedEngine(inner)
-    built: list[int] = []
-
-    def build() -> dict[str, int]:
-        built.append(1)
-        return {"n": 1}
-
+    build = InputBuilder(1)
     miss = c.answer(PATH, "k", read_n, build)
     hit = c.answer(PATH, "k", read_n, build)
     assert miss == (1, False) and hit == (1, True)
     assert c.answer(PATH, "k", read_n, build) is hit
     assert c.answer(PATH, "k", lambda d: d.cached, build) is True  # another view, on the hit
-    assert len(built) == 1 and inner.calls == 1
+    assert build.builds == 1 and inner.calls == 1
     assert c.stats().hits == 3 and c.stats().misses == 1
     c.answer("kvgov/offload/decision", "k", read_n, build)  # another rule: a miss
-    assert len(built) == 2 and c.stats().misses == 2
+    assert build.builds == 2 and c.stats().misses == 2
 
 
 def test_answer_misses_after_a_revision_change() -> None:
@@ -107,15 +114,10 @@ def test_answer_without_a_key_builds_once_per_call() -> None:
     evaluated on the miss: one build per call, one evaluation in all."""
     inner = CountingEngine()
     c = CachedEngine(inner)
-    built: list[int] = []
-
-    def build() -> dict[str, int]:
-        built.append(1)
-        return {"n": 2}
-
+    build = InputBuilder(2)
     assert c.answer(PATH, None, read_n, build) == (2, False)
     assert c.answer(PATH, None, read_n, build) == (2, True)
-    assert len(built) == 2 and inner.calls == 1
+    assert build.builds == 2 and inner.calls == 1
 
 
 def test_another_view_is_taken_afresh() -> None:
