@@ -1,6 +1,7 @@
 """Governance for free: kvgov against vLLM's ungoverned block pool, side by side in one run.
 
-Run: .venv/bin/python benchmarks/bench_vs_vllm.py [--quick] [--rounds N] [--profile WORKLOAD]
+Run: .venv/bin/python benchmarks/bench_vs_vllm.py [--quick] [--rounds N] [--cpu N]
+     [--profile WORKLOAD]
      (or ``make bench-vllm``)
 
 vLLM is a baseline here, never a dependency of kvgov. The first run builds an
@@ -9,9 +10,18 @@ optional venv with vLLM 0.33.0 at ``.bench/vllm-venv`` (the commands of
 Where it cannot be built the benchmark says why and exits 0. vLLM's side runs in
 a subprocess of that venv's python (this file with ``--vllm-worker``, which
 imports nothing of kvgov, talking JSON lines over a pipe); kvgov's side runs in
-this process. Each round runs every workload on both sides back to back,
-alternating which side goes first, so both see the same machine noise; figures
-are medians over the rounds. Only one side runs at a time.
+this process. Only one side runs at a time.
+
+How the noise of a shared machine is kept out of the ratios:
+
+* Both processes are pinned to one CPU (``--cpu``; ``-1`` turns it off). The
+  speed of each virtual CPU drifts on its own, so two processes on two CPUs do
+  not see the same machine even back to back. On one CPU kvgov's background
+  audit writer also competes with its caller, so its work is paid in full.
+* Each workload runs as many short *pairs*: both sides back to back, alternating
+  which goes first. Every ratio is the median of the per-pair ratios, so a slow
+  minute slows both halves of a pair and cancels; each side's median cost is
+  printed beside it, with the spread (p25-p75) of the ratios.
 
 Workloads, microseconds per block (65,536 usable blocks a pool: vLLM gets one
 more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
@@ -47,8 +57,8 @@ kvgov's pool is the replay layout (``govern.replay.replay_spec``, 512 bytes a
 block): the bookkeeping is measured, not memory traffic; kvgov zeroizes every
 block it frees unkeyed or evicts (one memset per run of ids), vLLM does not.
 
-Targets (ratios kvgov / vLLM, medians, same run): alloc_free, evict, lookup,
-key_derivation and governed (miss, hit and both) <= 1.0.
+Targets (medians of the per-pair ratios kvgov / vLLM, same run): alloc_free,
+evict, lookup, key_derivation and governed (miss, hit and both) <= 1.0.
 
 ``--profile WORKLOAD`` runs only kvgov's side of one workload under pyinstrument
 (no vLLM needed) and prints where the time goes.
@@ -89,21 +99,25 @@ ALLOC_N = 16  # blocks per allocate of alloc_free and evict
 REPLAY_REQUESTS = 2_000
 
 WORKLOADS = ("alloc_free", "prefix", "evict", "governed_miss", "governed_hit")
-#: (iterations per round) for each workload, full run and --quick.
-ITERS = {
+#: (iterations of one side's half of a pair, pairs per round) for each workload, full
+#: run and --quick. A governed half ends with an audit flush (the commit of the
+#: background writer's work, a WAL fsync), so it serves enough requests to last about
+#: one writer interval (50 ms), as in a running server: the commit is paid once per
+#: interval, not once per handful of requests.
+ITERS: dict[str, dict[str, tuple[int, int]]] = {
     "full": {
-        "alloc_free": 20_000,
-        "prefix": 120,
-        "evict": 4_000,
-        "governed_miss": 120,
-        "governed_hit": 120,
+        "alloc_free": (2_500, 8),
+        "prefix": (15, 8),
+        "evict": (500, 8),
+        "governed_miss": (40, 4),
+        "governed_hit": (40, 4),
     },
     "quick": {
-        "alloc_free": 2_000,
-        "prefix": 20,
-        "evict": 500,
-        "governed_miss": 20,
-        "governed_hit": 20,
+        "alloc_free": (1_000, 3),
+        "prefix": (5, 3),
+        "evict": (250, 3),
+        "governed_miss": (20, 2),
+        "governed_hit": (20, 2),
     },
 }
 #: (name, kvgov/vLLM ratio must be <= this)
@@ -721,6 +735,23 @@ def _write_tokens(requests: list[Any], path: Path) -> None:
             array("I", [len(tokens), *tokens]).tofile(fh)
 
 
+def _pin(cpu: int | None) -> int | None:
+    """Put this process (and the vLLM worker it starts) on one CPU; return it, or None.
+
+    Why: on a shared VM each virtual CPU's speed drifts on its own, so two processes
+    on different CPUs see different machines even when they run back to back. On one
+    CPU both sides see the same one, and kvgov's background audit writer competes
+    with its own caller for it, so its work is paid in full, as on a busy server.
+    ``cpu`` None: the last CPU this process may use; a negative number: do not pin.
+    """
+    if (cpu is not None and cpu < 0) or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen = allowed[-1] if cpu is None else cpu
+    os.sched_setaffinity(0, {chosen})
+    return chosen
+
+
 def run(args: argparse.Namespace) -> int:
     mode = "quick" if args.quick else "full"
     iters = ITERS[mode]
@@ -737,24 +768,32 @@ def run(args: argparse.Namespace) -> int:
 
     from govern.replay import load_trace
 
+    cpu = _pin(args.cpu)
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-"))
     kv = KvgovSide(workdir)
-    worker = VllmWorker(python)
+    worker = VllmWorker(python)  # inherits the CPU affinity
     started = time.perf_counter()
     try:
         print(f"vLLM {worker.info['vllm']} (subprocess) vs kvgov (this process); {mode} run")
-        samples: dict[str, dict[str, list[dict[str, Any]]]] = {
-            w: {"vllm": [], "kvgov": []} for w in WORKLOADS
-        }
+        print(
+            f"  both sides on CPU {cpu}, every thread included (kvgov's audit writer)"
+            if cpu is not None
+            else "  not pinned (--cpu -1): each side on whichever CPUs the kernel picks"
+        )
+        samples: dict[str, list[dict[str, dict[str, Any]]]] = {w: [] for w in WORKLOADS}
         sides: dict[str, Callable[[str, int], dict[str, Any]]] = {
             "vllm": lambda w, n: worker.call(w, n),
             "kvgov": lambda w, n: getattr(kv, w)(n),
         }
+        pair = 0
         for r in range(rounds):
-            order = ("vllm", "kvgov") if r % 2 == 0 else ("kvgov", "vllm")
             for w in WORKLOADS:
-                for side in order:
-                    samples[w][side].append(sides[side](w, iters[w]))
+                n, pairs_per_round = iters[w]
+                for _ in range(pairs_per_round):
+                    # one pair: both sides back to back, alternating which goes first
+                    order = ("vllm", "kvgov") if pair % 2 == 0 else ("kvgov", "vllm")
+                    pair += 1
+                    samples[w].append({side: sides[side](w, n) for side in order})
             print(f"  round {r + 1}/{rounds} done ({time.perf_counter() - started:.0f} s)")
 
         requests = load_trace(args.trace, limit)
@@ -778,46 +817,60 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     # -------------------------------------------------------------- report
-    def med(w: str, side: str, key: str) -> float:
-        return _median(samples[w][side], key)
+    # Every figure is a list of (vLLM, kvgov) pairs measured back to back; the ratio
+    # reported is the median of the per-pair ratios (machine drift cancels within a
+    # pair), beside each side's median cost.
+    figures: dict[str, list[tuple[float, float]]] = {}
 
-    rows: list[tuple[str, float, float]] = []  # (figure, vllm us, kvgov us)
-    rows.append(
-        (
-            "alloc_free",
-            med("alloc_free", "vllm", "alloc_free"),
-            med("alloc_free", "kvgov", "alloc_free"),
+    def pairs(w: str, key: str) -> list[tuple[float, float]]:
+        return [(float(p["vllm"][key]), float(p["kvgov"][key])) for p in samples[w]]
+
+    figures["alloc_free"] = pairs("alloc_free", "alloc_free")
+    steps = ("key_derivation", "cache_blocks", "lookup")
+    for step in steps:
+        figures[step] = pairs("prefix", step)
+    figures["prefix_path"] = [
+        (sum(t[0] for t in ts), sum(t[1] for t in ts))
+        for ts in zip(*(figures[step] for step in steps), strict=True)
+    ]
+    figures["evict"] = pairs("evict", "evict")
+    figures["governed_miss"] = pairs("governed_miss", "governed_miss")
+    figures["governed_hit"] = pairs("governed_hit", "governed_hit")
+    figures["governed"] = [
+        ((m[0] + h[0]) / 2, (m[1] + h[1]) / 2)
+        for m, h in zip(figures["governed_miss"], figures["governed_hit"], strict=True)
+    ]
+    figures["replay"] = [
+        (float(v["replay"]), float(k["replay"]))
+        for v, k in zip(replays["vllm"], replays["kvgov"], strict=True)
+    ]
+    # (figure, vLLM median us, kvgov median us, median of the per-pair ratios, p25, p75)
+    rows: list[tuple[str, float, float, float, float, float]] = []
+    for name, ps in figures.items():
+        ratios = sorted(k / v for v, k in ps)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        rows.append(
+            (
+                name,
+                statistics.median(v for v, _ in ps),
+                statistics.median(k for _, k in ps),
+                statistics.median(ratios),
+                q[0],
+                q[2],
+            )
         )
-    )
-    for step in ("key_derivation", "cache_blocks", "lookup"):
-        rows.append((step, med("prefix", "vllm", step), med("prefix", "kvgov", step)))
-    prefix_v = sum(r[1] for r in rows[1:4])
-    prefix_k = sum(r[2] for r in rows[1:4])
-    rows.append(("prefix_path", prefix_v, prefix_k))
-    rows.append(("evict", med("evict", "vllm", "evict"), med("evict", "kvgov", "evict")))
-    miss = (
-        med("governed_miss", "vllm", "governed_miss"),
-        med("governed_miss", "kvgov", "governed_miss"),
-    )
-    hit = (
-        med("governed_hit", "vllm", "governed_hit"),
-        med("governed_hit", "kvgov", "governed_hit"),
-    )
-    rows.append(("governed_miss", *miss))
-    rows.append(("governed_hit", *hit))
-    rows.append(("governed", (miss[0] + hit[0]) / 2, (miss[1] + hit[1]) / 2))
-    rv = _median(replays["vllm"], "replay")
-    rk = _median(replays["kvgov"], "replay")
-    rows.append(("replay", rv, rk))
-    find_only = med("prefix", "vllm", "find_only")
+    find_only = statistics.median(float(p["vllm"]["find_only"]) for p in samples["prefix"])
+    lookup_k = statistics.median(float(p["kvgov"]["lookup"]) for p in samples["prefix"])
 
     width = max(len(r[0]) for r in rows) + 2
     print()
-    print(f"{'figure (us per block)':<{width}} {'vLLM':>9} {'kvgov':>9} {'kvgov/vLLM':>11}  target")
-    print("-" * (width + 44))
+    print(
+        f"{'figure (us per block)':<{width}} {'vLLM':>9} {'kvgov':>9} {'kvgov/vLLM':>11}"
+        f" {'p25-p75':>11}  target"
+    )
+    print("-" * (width + 56))
     met = total = 0
-    for name, v, k in rows:
-        ratio = k / v
+    for name, v, k, ratio, lo, hi in rows:
         target = TARGETS.get(name)
         verdict = ""
         if target is not None:
@@ -825,7 +878,15 @@ def run(args: argparse.Namespace) -> int:
             ok = ratio <= target
             met += ok
             verdict = f"<= {target:.1f} {'met' if ok else 'MISSED'}"
-        print(f"{name:<{width}} {v:>9.3f} {k:>9.3f} {ratio:>11.2f}  {verdict}")
+        print(
+            f"{name:<{width}} {v:>9.3f} {k:>9.3f} {ratio:>11.2f} {f'{lo:.2f}-{hi:.2f}':>11}"
+            f"  {verdict}"
+        )
+    counts = ", ".join(f"{w} {len(samples[w])}" for w in WORKLOADS)
+    print(
+        "(vLLM, kvgov: each side's median; kvgov/vLLM: median of the per-pair ratios, "
+        f"p25-p75 their spread; pairs: {counts}; replay {len(figures['replay'])})"
+    )
     print(f"(vLLM find_longest_cache_hit alone, without touch: {find_only:.3f} us per block)")
     print()
     hv = replays["vllm"][0]
@@ -846,12 +907,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"targets met: {met}/{total}; wall {time.perf_counter() - started:.0f} s")
     print()
     print("RESULT vllm_available=1")
-    for name, v, k in rows:
+    for name, v, k, ratio, _, _ in rows:
         print(f"RESULT vllm_{name}_us_per_block={v:.3f}")
         print(f"RESULT kvgov_{name}_us_per_block={k:.3f}")
-        print(f"RESULT {name}_ratio={k / v:.3f}")
+        print(f"RESULT {name}_ratio={ratio:.3f}")
     print(f"RESULT vllm_find_only_us_per_block={find_only:.3f}")
-    print(f"RESULT lookup_vs_find_only_ratio={rows[3][2] / find_only:.3f}")
+    print(f"RESULT lookup_vs_find_only_ratio={lookup_k / find_only:.3f}")
     print(f"RESULT replay_requests={hk['requests']}")
     print(f"RESULT replay_hit_rate_vllm={rate_v:.6f}")
     print(f"RESULT replay_hit_rate_kvgov={rate_k:.6f}")
@@ -875,7 +936,8 @@ def profile(args: argparse.Namespace) -> int:
             requests = load_trace(args.trace, args.limit or REPLAY_REQUESTS)
             call: Callable[[], Any] = lambda: kv.replay(requests)  # noqa: E731
         else:
-            n = ITERS["full"][name] * 3
+            per_pair, pairs = ITERS["full"][name]
+            n = per_pair * pairs * 3
             getattr(kv, name)(max(n // 10, 1))  # warm (fills fixtures)
             call = lambda: getattr(kv, name)(n)  # noqa: E731
         profiler = Profiler(interval=0.0005)
@@ -902,6 +964,12 @@ def main() -> None:
     )
     parser.add_argument("--trace", default=str(TRACE), help="Mooncake JSONL trace")
     parser.add_argument("--vllm-venv", default=str(DEFAULT_VENV), help="the vLLM venv")
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="the CPU both sides run on (default: the last one allowed; -1: do not pin)",
+    )
     parser.add_argument(
         "--no-install", action="store_true", help="skip unless the vLLM venv already works"
     )
