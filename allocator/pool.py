@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn, cast
+from typing import NoReturn
 
 import torch
 
@@ -912,7 +912,7 @@ class BlockPool:
         found: list[bytes | None] = list(map(keys.__getitem__, blocks))
         if None in found:
             raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
-        dropped = cast(list[bytes], found)
+        dropped: list[bytes] = found  # type: ignore[assignment]  # None excluded just above
         for k in dropped:
             del index[k]
         for b in blocks:

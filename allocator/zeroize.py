@@ -2,8 +2,9 @@
 
 The pool tensor is block-major, so block ``i`` is one contiguous byte range and
 adjacent ids are adjacent ranges. A batch of blocks is sorted, adjacent ids are
-merged into runs, and each run is cleared with one call: on CPU a libc
-``memset`` of its bytes (``zero_()`` on a view for very large runs), on CUDA a
+merged into runs, and each run is cleared with one call: on CPU a copy from a
+buffer of zeros for small runs, a libc ``memset`` for larger ones and ``zero_()``
+on a view for very large ones (:class:`CpuZeroizer`), on CUDA a
 ``zero_()`` on a view, one fill kernel per run enqueued on the pool's stream. Sixty-four
 scattered blocks cost at most 64 calls; a freed sequence whose blocks were
 handed out together usually costs one.
@@ -136,27 +137,20 @@ class RunViews:
         return view
 
 
-def _libc_memset(*, hold_gil: bool) -> Callable[[int, int, int], object] | None:
-    """libc ``memset`` through ctypes, or None where libc cannot be loaded.
+def _libc_memset() -> Callable[[int, int, int], object] | None:
+    """libc ``memset`` through ctypes, called without the GIL; None where libc cannot
+    be loaded.
 
-    Why not ``zero_()`` on CPU:
-
-    * PyTorch releases the GIL for every op, and taking it back waits for
-      whichever thread holds it then (the audit writer, a scheduler) for up to the
-      interpreter's switch interval. For the small runs a request frees, that wait
-      was 25x the memset itself (1.4 us alone, about 36 us beside a busy writer
-      thread). ``hold_gil=True`` (``ctypes.PyDLL``) keeps the GIL across the call,
-      so a small clear costs what it costs.
-    * For large runs ``zero_()`` fills with OpenMP worker threads, which spin for
-      a while after every parallel region. In a serving process those spinning
-      workers took more CPU than the whole governed hot path (about 3 us per block
-      of a trace replay on 2 cores) away from the audit writer and everything else.
-      ``hold_gil=False`` (``ctypes.CDLL``) lets other Python threads run during a
-      large clear and starts no thread pool; memory bandwidth, not threads, bounds it.
+    Why not ``zero_()`` for runs under ``PARALLEL_MIN_BYTES``: ``zero_()`` on CPU
+    fills with OpenMP worker threads, which spin for a while after every parallel
+    region. In a serving process those spinning workers took more CPU than the
+    whole governed hot path (about 3 us per block of a trace replay on 2 cores)
+    away from the audit writer and everything else. ``ctypes.CDLL`` releases the
+    GIL for the call, so other Python threads run during a large clear, and starts
+    no thread pool; memory bandwidth, not threads, bounds it.
     """
     try:
-        libc = ctypes.PyDLL(None) if hold_gil else ctypes.CDLL(None)
-        fn = libc.memset
+        fn = ctypes.CDLL(None).memset
     except (OSError, AttributeError, TypeError):  # pragma: no cover - no libc (Windows)
         return None
     fn.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
@@ -164,9 +158,9 @@ def _libc_memset(*, hold_gil: bool) -> Callable[[int, int, int], object] | None:
     return cast(Callable[[int, int, int], object], fn)  # called as is: no wrapper frame
 
 
-#: Runs up to this many bytes are cleared by memset with the GIL held (tens of
-#: microseconds at most); larger ones by memset with the GIL released, so other
-#: threads run meanwhile. Without libc, every run goes through ``zero_()``.
+#: Runs up to this many bytes are cleared by a copy from a buffer of zeros with the
+#: GIL held (tens of microseconds at most); larger ones by memset with the GIL
+#: released, so other threads run meanwhile (``zero_()`` where libc is missing).
 GIL_HELD_MAX_BYTES = 256 * 2**10
 #: Runs of at least this many bytes are cleared by ``zero_()``: filling one takes
 #: long enough that OpenMP's parallel fill pays for its workers' spin afterwards
@@ -175,14 +169,35 @@ GIL_HELD_MAX_BYTES = 256 * 2**10
 PARALLEL_MIN_BYTES = 2**20
 
 
+_ZEROS: list[memoryview] = []
+
+
+def _zeros() -> memoryview:
+    """``GIL_HELD_MAX_BYTES`` zero bytes, read-only, one buffer for every CPU pool."""
+    if not _ZEROS:
+        _ZEROS.append(memoryview(bytes(GIL_HELD_MAX_BYTES)))
+    return _ZEROS[0]
+
+
 class CpuZeroizer:
     """Zeroizes blocks of a CPU pool; ``seconds`` is host wall time of the clears.
 
-    Runs are cleared by libc ``memset`` straight on the pool's contiguous memory:
-    with the GIL held up to ``GIL_HELD_MAX_BYTES``, with it released above (see
-    :func:`_libc_memset` for why not ``zero_()``); runs of ``PARALLEL_MIN_BYTES``
-    or more, and every run where libc cannot be loaded, by ``zero_()`` on a view
-    of the run. Either way the bytes are zero when this returns.
+    Runs are cleared straight in the pool's contiguous memory, by size:
+
+    * up to ``GIL_HELD_MAX_BYTES``: copied over from a buffer of zeros through a
+      ``memoryview`` of the pool, with the GIL held. Why not ``zero_()``: PyTorch
+      releases the GIL for every op, and taking it back waits for whichever thread
+      holds it then (the audit writer, a scheduler) for up to the interpreter's
+      switch interval; for the small runs a request frees that wait was 25x the
+      clear itself (1.4 us alone, about 36 us beside a busy writer thread). Why
+      not a ctypes ``memset``: converting its three arguments costs 1.0 us a call,
+      the slice assignment 0.35 us, for the same 8 KiB;
+    * below ``PARALLEL_MIN_BYTES``: libc ``memset`` with the GIL released (see
+      :func:`_libc_memset`);
+    * from ``PARALLEL_MIN_BYTES``, and where libc cannot be loaded: ``zero_()`` on
+      a view of the run.
+
+    Either way the bytes are zero when this returns.
 
     Args:
         words: the pool as a contiguous ``[num_blocks, words_per_block]`` integer view.
@@ -196,11 +211,12 @@ class CpuZeroizer:
         "_base",
         "_block_bytes",
         "_limit",
-        "_memset",
+        "_mem",
         "_memset_nogil",
         "_verify",
         "_views",
         "_words",
+        "_zeros",
     )
 
     def __init__(self, words: torch.Tensor, verify: bool) -> None:
@@ -209,18 +225,22 @@ class CpuZeroizer:
         self._words = words
         self._views = RunViews(words)
         self._verify = verify
-        self._memset = _libc_memset(hold_gil=True)
-        self._memset_nogil = _libc_memset(hold_gil=False)
-        self._limit = GIL_HELD_MAX_BYTES if self._memset is not None else -1
+        self._memset_nogil = _libc_memset()
+        self._limit = GIL_HELD_MAX_BYTES
         self._base = words.data_ptr()
         self._block_bytes = words.shape[1] * words.element_size()
+        # The pool's bytes as one writable buffer (the tensor, held above, owns them)
+        # and the zeros small runs are copied from.
+        pool_bytes = ctypes.c_char * (words.shape[0] * self._block_bytes)
+        self._mem = memoryview(pool_bytes.from_address(self._base)).cast("B")
+        self._zeros = _zeros()
 
     def _clear(self, start: int, stop: int) -> None:
         """Zero blocks ``start .. stop - 1`` (one run); the one place bytes are cleared."""
         nbytes = (stop - start) * self._block_bytes
         if nbytes <= self._limit:
-            # the pool's own contiguous memory: no tensor view needed for the address
-            self._memset(self._base + start * self._block_bytes, 0, nbytes)  # type: ignore[misc]
+            offset = start * self._block_bytes
+            self._mem[offset : offset + nbytes] = self._zeros[:nbytes]
         elif nbytes < PARALLEL_MIN_BYTES and self._memset_nogil is not None:
             self._memset_nogil(self._base + start * self._block_bytes, 0, nbytes)
         else:

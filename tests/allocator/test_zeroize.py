@@ -74,7 +74,7 @@ def test_cpu_zeroizer_clears_large_runs(libc: bool, run_bytes: int) -> None:
     before = words.clone()
     zeroizer = CpuZeroizer(words, verify=False)
     if not libc:
-        zeroizer._memset = zeroizer._memset_nogil = None
+        zeroizer._memset_nogil = None
         zeroizer._limit = -1
     zeroizer.zeroize([(1, 2), (3, 3 + big)])
     for b in range(big + 6):
