@@ -82,7 +82,7 @@ import traceback
 from array import array
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".bench" / "vllm-venv"
@@ -735,6 +735,82 @@ def _write_tokens(requests: list[Any], path: Path) -> None:
             array("I", [len(tokens), *tokens]).tofile(fh)
 
 
+#: One pair: each side's result dict for the same workload, run back to back.
+Pair = dict[str, dict[str, Any]]
+
+
+class Row(NamedTuple):
+    """One printed figure: each side's median cost and the paired ratio."""
+
+    name: str
+    vllm: float  # median us per block over the pairs
+    kvgov: float
+    ratio: float  # median of the per-pair ratios kvgov / vLLM
+    p25: float  # spread of those ratios
+    p75: float
+
+
+def paired_figures(
+    samples: dict[str, list[Pair]], replays: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[tuple[float, float]]]:
+    """Every printed figure as its list of (vLLM, kvgov) pairs, us per block.
+
+    A derived figure is derived pair by pair: ``prefix_path`` sums the three prefix
+    steps of one pair, ``governed`` averages the miss and hit pairs of the same index.
+    Replay rounds pair up in order.
+    """
+    figures: dict[str, list[tuple[float, float]]] = {}
+
+    def pairs(w: str, key: str) -> list[tuple[float, float]]:
+        return [(float(p["vllm"][key]), float(p["kvgov"][key])) for p in samples[w]]
+
+    figures["alloc_free"] = pairs("alloc_free", "alloc_free")
+    steps = ("key_derivation", "cache_blocks", "lookup")
+    for step in steps:
+        figures[step] = pairs("prefix", step)
+    figures["prefix_path"] = [
+        (sum(t[0] for t in ts), sum(t[1] for t in ts))
+        for ts in zip(*(figures[step] for step in steps), strict=True)
+    ]
+    figures["evict"] = pairs("evict", "evict")
+    figures["governed_miss"] = pairs("governed_miss", "governed_miss")
+    figures["governed_hit"] = pairs("governed_hit", "governed_hit")
+    figures["governed"] = [
+        ((m[0] + h[0]) / 2, (m[1] + h[1]) / 2)
+        for m, h in zip(figures["governed_miss"], figures["governed_hit"], strict=True)
+    ]
+    figures["replay"] = [
+        (float(v["replay"]), float(k["replay"]))
+        for v, k in zip(replays["vllm"], replays["kvgov"], strict=True)
+    ]
+    return figures
+
+
+def summarize(figures: dict[str, list[tuple[float, float]]]) -> list[Row]:
+    """Each figure's row: side medians, and the median and quartiles of the per-pair ratios.
+
+    Why the median of ratios and not the ratio of medians: the two halves of a pair
+    ran back to back on one CPU, so a slow spell of the machine slows both and
+    cancels in their ratio; it does not cancel between medians taken over
+    different moments.
+    """
+    rows: list[Row] = []
+    for name, ps in figures.items():
+        ratios = sorted(k / v for v, k in ps)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        rows.append(
+            Row(
+                name,
+                statistics.median(v for v, _ in ps),
+                statistics.median(k for _, k in ps),
+                statistics.median(ratios),
+                q[0],
+                q[2],
+            )
+        )
+    return rows
+
+
 def _pin(cpu: int | None) -> int | None:
     """Put this process (and the vLLM worker it starts) on one CPU; return it, or None.
 
@@ -780,7 +856,7 @@ def run(args: argparse.Namespace) -> int:
             if cpu is not None
             else "  not pinned (--cpu -1): each side on whichever CPUs the kernel picks"
         )
-        samples: dict[str, list[dict[str, dict[str, Any]]]] = {w: [] for w in WORKLOADS}
+        samples: dict[str, list[Pair]] = {w: [] for w in WORKLOADS}
         sides: dict[str, Callable[[str, int], dict[str, Any]]] = {
             "vllm": lambda w, n: worker.call(w, n),
             "kvgov": lambda w, n: getattr(kv, w)(n),
@@ -817,48 +893,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     # -------------------------------------------------------------- report
-    # Every figure is a list of (vLLM, kvgov) pairs measured back to back; the ratio
-    # reported is the median of the per-pair ratios (machine drift cancels within a
-    # pair), beside each side's median cost.
-    figures: dict[str, list[tuple[float, float]]] = {}
-
-    def pairs(w: str, key: str) -> list[tuple[float, float]]:
-        return [(float(p["vllm"][key]), float(p["kvgov"][key])) for p in samples[w]]
-
-    figures["alloc_free"] = pairs("alloc_free", "alloc_free")
-    steps = ("key_derivation", "cache_blocks", "lookup")
-    for step in steps:
-        figures[step] = pairs("prefix", step)
-    figures["prefix_path"] = [
-        (sum(t[0] for t in ts), sum(t[1] for t in ts))
-        for ts in zip(*(figures[step] for step in steps), strict=True)
-    ]
-    figures["evict"] = pairs("evict", "evict")
-    figures["governed_miss"] = pairs("governed_miss", "governed_miss")
-    figures["governed_hit"] = pairs("governed_hit", "governed_hit")
-    figures["governed"] = [
-        ((m[0] + h[0]) / 2, (m[1] + h[1]) / 2)
-        for m, h in zip(figures["governed_miss"], figures["governed_hit"], strict=True)
-    ]
-    figures["replay"] = [
-        (float(v["replay"]), float(k["replay"]))
-        for v, k in zip(replays["vllm"], replays["kvgov"], strict=True)
-    ]
-    # (figure, vLLM median us, kvgov median us, median of the per-pair ratios, p25, p75)
-    rows: list[tuple[str, float, float, float, float, float]] = []
-    for name, ps in figures.items():
-        ratios = sorted(k / v for v, k in ps)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        rows.append(
-            (
-                name,
-                statistics.median(v for v, _ in ps),
-                statistics.median(k for _, k in ps),
-                statistics.median(ratios),
-                q[0],
-                q[2],
-            )
-        )
+    rows = summarize(paired_figures(samples, replays))
     find_only = statistics.median(float(p["vllm"]["find_only"]) for p in samples["prefix"])
     lookup_k = statistics.median(float(p["kvgov"]["lookup"]) for p in samples["prefix"])
 
@@ -885,7 +920,7 @@ def run(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{w} {len(samples[w])}" for w in WORKLOADS)
     print(
         "(vLLM, kvgov: each side's median; kvgov/vLLM: median of the per-pair ratios, "
-        f"p25-p75 their spread; pairs: {counts}; replay {len(figures['replay'])})"
+        f"p25-p75 their spread; pairs: {counts}; replay {len(replays['kvgov'])})"
     )
     print(f"(vLLM find_longest_cache_hit alone, without touch: {find_only:.3f} us per block)")
     print()
