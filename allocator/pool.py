@@ -292,17 +292,24 @@ class BlockPool:
                 raise PoolClosed()
             if type(n) is not int or n < 0:
                 raise InvalidSpec("n", n, "must be an int of zero or more")
+            if n == 0:
+                return []
             free = self._free
             short = n - len(free)
             if short > 0:
                 if short > len(self._queue):
                     raise OutOfBlocks(n, len(free) + len(self._queue))
-                self._drop_cached(self._queue.pop(short), "capacity")
-            if n == 0:
-                return []
-            ids = free[-n:]
-            del free[-n:]
-            ids.reverse()
+                if short == n:
+                    # Every block comes from eviction: hand the zeroized blocks out
+                    # directly, ascending, as a push onto the empty free stack and a
+                    # pop of all of it would.
+                    ids = self._drop_cached(self._queue.pop(n), "capacity", push=False)
+                else:
+                    self._drop_cached(self._queue.pop(short), "capacity")
+            if short < n:
+                ids = free[-n:]
+                del free[-n:]
+                ids.reverse()
             count = self._meta.count
             for b in ids:
                 count[b] = 1
@@ -904,8 +911,9 @@ class BlockPool:
         heapq.heapify(heap)
         self._expiry = heap
 
-    def _drop_cached(self, blocks: list[int], reason: str) -> None:
-        """Blocks just taken out of the eviction queue: drop their keys, zeroize them."""
+    def _drop_cached(self, blocks: list[int], reason: str, *, push: bool = True) -> list[int]:
+        """Blocks just taken out of the eviction queue: drop their keys, zeroize them
+        (see :meth:`_zeroize` for ``push`` and what is returned)."""
         count = self._meta.count
         keys = self._meta.key
         index = self._index
@@ -919,9 +927,9 @@ class BlockPool:
             keys[b] = None
             count[b] = FREE_CODE  # see _zeroize
         self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))
-        self._zeroize(blocks)
+        return self._zeroize(blocks, push=push)
 
-    def _zeroize(self, blocks: list[int]) -> None:
+    def _zeroize(self, blocks: list[int], *, push: bool = True) -> list[int]:
         """Clear distinct blocks that left every structure, then put them on the free stack.
 
         The caller has already taken the blocks out of the key index and the
@@ -929,6 +937,9 @@ class BlockPool:
         once this returns; nobody can observe the moment between, the lock is
         held). If clearing fails in any way they are re-marked DIRTY and counted,
         so they are never handed out, and the error propagates.
+
+        Returns the blocks ascending. ``push=False`` leaves them off the free stack:
+        only for an ``allocate`` that hands every one of them out in the same call.
         """
         ordered = sorted(blocks)
         try:
@@ -939,13 +950,15 @@ class BlockPool:
                 count[b] = DIRTY_CODE
             self._dirty += len(ordered)
             raise
-        # Pushed descending so the next allocate hands them out ascending.
-        self._free.extend(reversed(ordered))
+        if push:
+            # Pushed descending so the next allocate hands them out ascending.
+            self._free.extend(reversed(ordered))
         self._events.append(
             BlocksZeroized(
                 tuple(ordered), len(ordered) * self._bytes_per_block, self._device_name, seconds
             )
         )
+        return ordered
 
     def _check_invariants(self, *, check_zero: bool = False) -> None:
         """Check every invariant in the class docstring; raise InternalError on the first broken.

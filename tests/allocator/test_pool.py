@@ -528,6 +528,39 @@ def test_failed_zeroization_leaves_blocks_dirty_and_unhanded() -> None:
     pool._check_invariants(check_zero=True)
 
 
+@pytest.mark.parametrize("free_before", [0, 1], ids=["all-evicted", "some-free"])
+def test_failed_zeroization_of_an_evicting_allocate_hands_out_nothing(free_before: int) -> None:
+    """An allocate that must evict, whose clear fails, raises and hands out no block:
+    the evicted blocks stay DIRTY, FREE ones stay FREE (both when every block would
+    come from eviction and when some would come from the free stack)."""
+    pool = make_pool(4, verify=True)
+    ids = pool.allocate(4 - free_before)
+    fill(pool, ids)
+    pool.set_keys(ids, [bytes([i + 1]) for i in range(len(ids))])
+    pool.free(ids)
+    pool.take_events()
+    _break(pool)
+    with pytest.raises(ZeroizationError):
+        pool.allocate(free_before + 2)
+    assert pool.counts() == PoolCounts(free=free_before, owned=0, cached=len(ids) - 2, dirty=2)
+    assert [pool.state(b) for b in ids[:2]] == [BlockState.DIRTY, BlockState.DIRTY]
+    pool._check_invariants()
+
+
+def test_evicting_allocate_hands_out_the_evicted_blocks_ascending() -> None:
+    """With no FREE block left, the evicted blocks are the allocation, ascending, zeroed."""
+    pool = make_pool(6)
+    ids = pool.allocate(6)
+    fill(pool, ids)
+    pool.set_keys(ids, [bytes([i + 1]) for i in range(6)])
+    pool.free([4, 1, 5, 0, 2, 3])
+    got = pool.allocate(3)
+    assert got == [1, 4, 5]  # the three least recently freed
+    assert all(is_zero(pool, b) and pool.ref_count(b) == 1 for b in got)
+    assert pool.counts() == PoolCounts(free=0, owned=3, cached=3, dirty=0)
+    pool._check_invariants(check_zero=True)
+
+
 def test_failed_rezeroize_of_free_blocks_takes_them_out_of_service() -> None:
     """If re-clearing FREE blocks fails they become DIRTY and are not handed out."""
     pool = make_pool(4, verify=True)
