@@ -16,6 +16,7 @@ never checks the device again.
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections.abc import Callable, Sequence
 from itertools import islice
@@ -169,14 +170,10 @@ GIL_HELD_MAX_BYTES = 256 * 2**10
 PARALLEL_MIN_BYTES = 2**20
 
 
-_ZEROS: list[memoryview] = []
-
-
+@functools.cache
 def _zeros() -> memoryview:
     """``GIL_HELD_MAX_BYTES`` zero bytes, read-only, one buffer for every CPU pool."""
-    if not _ZEROS:
-        _ZEROS.append(memoryview(bytes(GIL_HELD_MAX_BYTES)))
-    return _ZEROS[0]
+    return memoryview(bytes(GIL_HELD_MAX_BYTES))
 
 
 class CpuZeroizer:
