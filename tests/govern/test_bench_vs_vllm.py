@@ -111,3 +111,17 @@ def test_kvgov_side_runs_every_workload(bench: ModuleType, tmp_path: Path) -> No
     for name, figures in results.items():
         for key, value in figures.items():
             assert value > 0, (name, key)
+
+
+def test_profile_prints_kvgov_call_tree_without_vllm() -> None:
+    """--profile runs kvgov's side of one workload under pyinstrument (a dev dependency),
+    needs no vLLM venv, and prints the call tree and the figure."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--profile", "alloc_free"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "BlockPool.allocate" in out.stdout
+    assert '"alloc_free":' in out.stdout
