@@ -81,8 +81,9 @@ import time
 import traceback
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".bench" / "vllm-venv"
@@ -739,7 +740,8 @@ def _write_tokens(requests: list[Any], path: Path) -> None:
 Pair = dict[str, dict[str, Any]]
 
 
-class Row(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Row:
     """One printed figure: each side's median cost and the paired ratio."""
 
     name: str
@@ -897,7 +899,7 @@ def run(args: argparse.Namespace) -> int:
     find_only = statistics.median(float(p["vllm"]["find_only"]) for p in samples["prefix"])
     lookup_k = statistics.median(float(p["kvgov"]["lookup"]) for p in samples["prefix"])
 
-    width = max(len(r[0]) for r in rows) + 2
+    width = max(len(r.name) for r in rows) + 2
     print()
     print(
         f"{'figure (us per block)':<{width}} {'vLLM':>9} {'kvgov':>9} {'kvgov/vLLM':>11}"
@@ -905,17 +907,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print("-" * (width + 56))
     met = total = 0
-    for name, v, k, ratio, lo, hi in rows:
-        target = TARGETS.get(name)
+    for row in rows:
+        target = TARGETS.get(row.name)
         verdict = ""
         if target is not None:
             total += 1
-            ok = ratio <= target
+            ok = row.ratio <= target
             met += ok
             verdict = f"<= {target:.1f} {'met' if ok else 'MISSED'}"
+        spread = f"{row.p25:.2f}-{row.p75:.2f}"
         print(
-            f"{name:<{width}} {v:>9.3f} {k:>9.3f} {ratio:>11.2f} {f'{lo:.2f}-{hi:.2f}':>11}"
-            f"  {verdict}"
+            f"{row.name:<{width}} {row.vllm:>9.3f} {row.kvgov:>9.3f} {row.ratio:>11.2f}"
+            f" {spread:>11}  {verdict}"
         )
     counts = ", ".join(f"{w} {len(samples[w])}" for w in WORKLOADS)
     print(
@@ -942,10 +945,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"targets met: {met}/{total}; wall {time.perf_counter() - started:.0f} s")
     print()
     print("RESULT vllm_available=1")
-    for name, v, k, ratio, _, _ in rows:
-        print(f"RESULT vllm_{name}_us_per_block={v:.3f}")
-        print(f"RESULT kvgov_{name}_us_per_block={k:.3f}")
-        print(f"RESULT {name}_ratio={ratio:.3f}")
+    for row in rows:
+        print(f"RESULT vllm_{row.name}_us_per_block={row.vllm:.3f}")
+        print(f"RESULT kvgov_{row.name}_us_per_block={row.kvgov:.3f}")
+        print(f"RESULT {row.name}_ratio={row.ratio:.3f}")
     print(f"RESULT vllm_find_only_us_per_block={find_only:.3f}")
     print(f"RESULT lookup_vs_find_only_ratio={lookup_k / find_only:.3f}")
     print(f"RESULT replay_requests={hk['requests']}")
