@@ -46,6 +46,7 @@ __all__ = [
     "TraceRequest",
     "expand_tokens",
     "load_trace",
+    "replay_bare",
     "replay_governed",
     "replay_spec",
     "replay_ungoverned",
@@ -291,12 +292,25 @@ def replay_ungoverned(
     """
     pool = BlockPool(replay_spec(block_size), num_blocks)
     try:
-        return _replay_bare(pool, requests)
+        return replay_bare(pool, requests)
     finally:
         pool.close()
 
 
-def _replay_bare(pool: BlockPool, requests: Iterable[TraceRequest]) -> ReplayResult:
+def replay_bare(pool: BlockPool, requests: Iterable[TraceRequest]) -> ReplayResult:
+    """Replay requests through a bare pool (one namespace, plain SHA-256 chained keys).
+
+    The pool keeps its cached blocks between calls, so a trace can be replayed in
+    parts (as ``benchmarks/bench_governed.py`` does, alternating with a governed
+    cache).
+
+    Args:
+        pool: the pool (its capacity is the cache's).
+        requests: the trace, or a part of it.
+
+    Returns:
+        Hits and cost of these requests.
+    """
     bs = pool.spec.block_size
     step = 4 * bs
     limit = pool.num_blocks * bs
