@@ -25,22 +25,18 @@ def bench() -> ModuleType:
     return module
 
 
-def test_skips_with_exit_0_where_vllm_is_unavailable(tmp_path: Path) -> None:
-    """No vLLM venv and --no-install: a SKIP line saying why, vllm_available=0, exit 0."""
+def _run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the benchmark script; fail the test unless it exits 0."""
     out = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--quick",
-            "--no-install",
-            "--vllm-venv",
-            str(tmp_path / "absent"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=240
     )
     assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_skips_with_exit_0_where_vllm_is_unavailable(tmp_path: Path) -> None:
+    """No vLLM venv and --no-install: a SKIP line saying why, vllm_available=0, exit 0."""
+    out = _run_bench("--quick", "--no-install", "--vllm-venv", str(tmp_path / "absent"))
     assert "SKIP: the vLLM baseline is unavailable" in out.stdout
     assert "--no-install given" in out.stdout
     assert "RESULT vllm_available=0" in out.stdout
@@ -116,12 +112,6 @@ def test_kvgov_side_runs_every_workload(bench: ModuleType, tmp_path: Path) -> No
 def test_profile_prints_kvgov_call_tree_without_vllm() -> None:
     """--profile runs kvgov's side of one workload under pyinstrument (a dev dependency),
     needs no vLLM venv, and prints the call tree and the figure."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--profile", "alloc_free"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr
+    out = _run_bench("--profile", "alloc_free")
     assert "BlockPool.allocate" in out.stdout
     assert '"alloc_free":' in out.stdout
