@@ -45,7 +45,8 @@ more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
                        to a SQLite file; the timing ends after audit.flush(), so the
                        background writer's work is counted)
   governed_hit    the same with the same prompt again (255 hits, 1 new block)
-  governed        both together (per block over both)
+  governed        both together: per pair, the mean of a miss pair and the hit pair of
+                  the same index
   replay          the first 2,000 requests of ../shared/data/mooncake_conversation_trace.jsonl,
                   one tenant, same capacity: kvgov govern.replay.replay_governed (+ the
                   audit flush); vLLM the governed_miss path per request with the same
@@ -55,7 +56,7 @@ more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
 
 kvgov's pool is the replay layout (``govern.replay.replay_spec``, 512 bytes a
 block): the bookkeeping is measured, not memory traffic; kvgov zeroizes every
-block it frees unkeyed or evicts (one memset per run of ids), vLLM does not.
+block it frees unkeyed or evicts (one clear per run of ids), vLLM does not.
 
 Targets (medians of the per-pair ratios kvgov / vLLM, same run): alloc_free,
 evict, lookup, key_derivation and governed (miss, hit and both) <= 1.0.
