@@ -1022,6 +1022,13 @@ def main() -> None:
     if args.vllm_worker:
         worker_main()
         return
+    for name in ("rounds", "replay_rounds", "limit"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be 0 (the default) or more")
+    if args.cpu is not None and args.cpu >= 0 and hasattr(os, "sched_getaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        if args.cpu not in allowed:
+            parser.error(f"--cpu {args.cpu}: this process may run only on CPUs {allowed}")
     sys.path.insert(0, str(REPO))
     sys.exit(profile(args) if args.profile else run(args))
 

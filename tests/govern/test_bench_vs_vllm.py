@@ -115,3 +115,19 @@ def test_profile_prints_kvgov_call_tree_without_vllm() -> None:
     out = _run_bench("--profile", "alloc_free")
     assert "BlockPool.allocate" in out.stdout
     assert '"alloc_free":' in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cpu", "100000"], "--cpu 100000: this process may run only on CPUs"),
+        (["--rounds", "-1"], "--rounds must be 0 (the default) or more"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:
+    """A CPU this process may not use, or a negative count, is refused before any work."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
