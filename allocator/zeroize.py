@@ -207,7 +207,6 @@ class CpuZeroizer:
     __slots__ = (
         "_base",
         "_block_bytes",
-        "_limit",
         "_mem",
         "_memset_nogil",
         "_verify",
@@ -223,7 +222,6 @@ class CpuZeroizer:
         self._views = RunViews(words)
         self._verify = verify
         self._memset_nogil = _libc_memset()
-        self._limit = GIL_HELD_MAX_BYTES
         self._base = words.data_ptr()
         self._block_bytes = words.shape[1] * words.element_size()
         # The pool's bytes as one writable buffer (the tensor, held above, owns them)
@@ -235,7 +233,7 @@ class CpuZeroizer:
     def _clear(self, start: int, stop: int) -> None:
         """Zero blocks ``start .. stop - 1`` (one run); the one place bytes are cleared."""
         nbytes = (stop - start) * self._block_bytes
-        if nbytes <= self._limit:
+        if nbytes <= GIL_HELD_MAX_BYTES:
             offset = start * self._block_bytes
             self._mem[offset : offset + nbytes] = self._zeros[:nbytes]
         elif nbytes < PARALLEL_MIN_BYTES and self._memset_nogil is not None:

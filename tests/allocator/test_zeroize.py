@@ -65,9 +65,9 @@ def test_cpu_zeroizer_issues_one_clear_per_run() -> None:
 @pytest.mark.parametrize("libc", [True, False], ids=["libc", "no-libc"])
 @pytest.mark.parametrize("run_bytes", [GIL_HELD_MAX_BYTES, PARALLEL_MIN_BYTES], ids=["mid", "big"])
 def test_cpu_zeroizer_clears_large_runs(libc: bool, run_bytes: int) -> None:
-    """Runs above GIL_HELD_MAX_BYTES (memset without the GIL) and from PARALLEL_MIN_BYTES
-    (zero_()), or any run without libc, are cleared exactly with a small one beside
-    them; the blocks between keep their bytes."""
+    """Runs above GIL_HELD_MAX_BYTES (memset without the GIL, or zero_() without libc)
+    and from PARALLEL_MIN_BYTES (zero_()) are cleared exactly with a small one (a copy
+    from the zero buffer) beside them; the blocks between keep their bytes."""
     width = 1024  # 8 KiB blocks
     big = run_bytes // (width * 8) + 3
     words = _words(big + 6, width)
@@ -75,7 +75,6 @@ def test_cpu_zeroizer_clears_large_runs(libc: bool, run_bytes: int) -> None:
     zeroizer = CpuZeroizer(words, verify=False)
     if not libc:
         zeroizer._memset_nogil = None
-        zeroizer._limit = -1
     zeroizer.zeroize([(1, 2), (3, 3 + big)])
     for b in range(big + 6):
         if b == 1 or 3 <= b < 3 + big:
