@@ -898,7 +898,7 @@ def run(args: argparse.Namespace) -> int:
     # -------------------------------------------------------------- report
     rows = summarize(paired_figures(samples, replays))
     find_only = statistics.median(float(p["vllm"]["find_only"]) for p in samples["prefix"])
-    lookup_k = statistics.median(float(p["kvgov"]["lookup"]) for p in samples["prefix"])
+    lookup_k = next(r.kvgov for r in rows if r.name == "lookup")
 
     width = max(len(r.name) for r in rows) + 2
     print()

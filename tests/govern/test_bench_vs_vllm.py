@@ -25,12 +25,12 @@ def bench() -> ModuleType:
     return module
 
 
-def _run_bench(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the benchmark script; fail the test unless it exits 0."""
+def _run_bench(*args: str, code: int = 0, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    """Run the benchmark script; fail the test unless it exits with ``code``."""
     out = subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=240
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=timeout
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == code, out.stderr
     return out
 
 
@@ -126,8 +126,5 @@ def test_profile_prints_kvgov_call_tree_without_vllm() -> None:
 )
 def test_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:
     """A CPU this process may not use, or a negative count, is refused before any work."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 2
+    out = _run_bench(*args, code=2, timeout=60)
     assert message in out.stderr
