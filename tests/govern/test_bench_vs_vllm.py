@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vs_vllm.py"
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
+    sys.path.insert(0, str(BENCH.parent))  # as when run as a script: paired.py beside it
     spec = importlib.util.spec_from_file_location("bench_vs_vllm", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
