@@ -4,7 +4,7 @@ Knows nothing of tenants, policy or audit: it emits typed events that the
 govern layer drains (:meth:`BlockPool.take_events`).
 """
 
-from allocator.events import (
+from kvgov.allocator.events import (
     BlocksAllocated,
     BlocksEvicted,
     BlocksHit,
@@ -12,17 +12,17 @@ from allocator.events import (
     BlocksZeroized,
     PoolEvent,
 )
-from allocator.eviction import EvictionQueue
-from allocator.metadata import BlockState
-from allocator.pool import BlockPool, PoolCounts, Revoked
-from allocator.sizing import (
+from kvgov.allocator.eviction import EvictionQueue
+from kvgov.allocator.metadata import BlockState
+from kvgov.allocator.pool import BlockPool, PoolCounts, Revoked
+from kvgov.allocator.sizing import (
     Capacity,
     blocks_in_bytes,
     capacity,
     concurrent_sequences,
     tokens_in_bytes,
 )
-from allocator.spec import KVSpec
+from kvgov.allocator.spec import KVSpec
 
 __all__ = [
     "BlockPool",

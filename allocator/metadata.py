@@ -84,7 +84,7 @@ def state_of(count: int) -> BlockState:
 class BlockTable:
     """Per-block metadata of one pool, as parallel arrays indexed by block id.
 
-    Every field is changed only by :class:`~allocator.pool.BlockPool` while it
+    Every field is changed only by :class:`~kvgov.allocator.pool.BlockPool` while it
     holds its lock; nothing else writes them.
     """
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import torch
 
-from allocator.events import (
+from kvgov.allocator.events import (
     BlocksAllocated,
     BlocksEvicted,
     BlocksHit,
@@ -21,8 +21,8 @@ from allocator.events import (
     BlocksZeroized,
     PoolEvent,
 )
-from allocator.eviction import EvictionQueue
-from allocator.metadata import (
+from kvgov.allocator.eviction import EvictionQueue
+from kvgov.allocator.metadata import (
     CACHED_CODE,
     DIRTY_CODE,
     FREE_CODE,
@@ -30,8 +30,8 @@ from allocator.metadata import (
     BlockTable,
     state_of,
 )
-from allocator.spec import KVSpec, positive_int
-from allocator.zeroize import coalesce_runs, make_zeroizer
+from kvgov.allocator.spec import KVSpec, positive_int
+from kvgov.allocator.zeroize import coalesce_runs, make_zeroizer
 from kvgov.defaults import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from kvgov.exceptions import (
     BlockStateError,
@@ -119,11 +119,11 @@ class BlockPool:
     * FREE blocks: a plain ``list`` used as a stack. Every FREE block is zero,
       so which one is handed out does not matter; ``allocate(n)`` slices ``n``
       off the top in one C-level operation.
-    * CACHED blocks: an :class:`~allocator.eviction.EvictionQueue` (one
+    * CACHED blocks: an :class:`~kvgov.allocator.eviction.EvictionQueue` (one
       ``OrderedDict`` per priority level: O(1) append, pop-LRU and removal from
       the middle on a prefix hit).
     * Key index: a ``dict`` from key to block id.
-    * Per-block metadata: parallel arrays (:class:`~allocator.metadata.BlockTable`).
+    * Per-block metadata: parallel arrays (:class:`~kvgov.allocator.metadata.BlockTable`).
     * TTL deadlines: a heap of ``(deadline, block_id)``; stale entries (block
       hit or evicted since) are skipped when popped and the heap is rebuilt when
       it outgrows twice the pool.

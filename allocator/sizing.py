@@ -1,6 +1,6 @@
 """Capacity math: how many blocks, tokens and sequences fit in a memory budget.
 
-All functions are exact integer arithmetic over a :class:`~allocator.spec.KVSpec`;
+All functions are exact integer arithmetic over a :class:`~kvgov.allocator.spec.KVSpec`;
 partial blocks are never counted as capacity (a sequence of 17 tokens at
 ``block_size=16`` needs two whole blocks).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.spec import KVSpec, positive_int
+from kvgov.allocator.spec import KVSpec, positive_int
 from kvgov.exceptions import InvalidSpec
 
 __all__ = [

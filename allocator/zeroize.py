@@ -79,7 +79,7 @@ class Zeroizer(Protocol):
             runs: half-open ``(start, stop)`` block ranges from :func:`coalesce_runs`.
 
         Returns:
-            Seconds the zeroing took (see :class:`~allocator.events.BlocksZeroized`).
+            Seconds the zeroing took (see :class:`~kvgov.allocator.events.BlocksZeroized`).
 
         Raises:
             ZeroizationError: verification is on and a block read back non-zero.

@@ -7,13 +7,13 @@ answer compliance questions with :class:`AuditQueries`. This package never impor
 torch or the allocator.
 """
 
-from audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
-from audit.events import CRITICAL_EVENT_TYPES, FORBIDDEN_DETAIL_KEYS, AuditEvent, EventType
-from audit.queries import AuditQueries, AuditRecord, CheckpointInfo
-from audit.signing import SigningKey, key_id, load_public_key, load_signing_key
-from audit.store import current_revision, downgrade, head_revision, open_engine, upgrade
-from audit.verify import Problem, StreamReport, VerifyReport, verify
-from audit.writer import AuditLog
+from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
+from kvgov.audit.events import CRITICAL_EVENT_TYPES, FORBIDDEN_DETAIL_KEYS, AuditEvent, EventType
+from kvgov.audit.queries import AuditQueries, AuditRecord, CheckpointInfo
+from kvgov.audit.signing import SigningKey, key_id, load_public_key, load_signing_key
+from kvgov.audit.store import current_revision, downgrade, head_revision, open_engine, upgrade
+from kvgov.audit.verify import Problem, StreamReport, VerifyReport, verify
+from kvgov.audit.writer import AuditLog
 
 __all__ = [
     "CRITICAL_EVENT_TYPES",

@@ -27,7 +27,7 @@ JSON rules (what makes the form survive a PostgreSQL JSONB or SQLite round trip)
   time zones, integers do not), counts and block ids are JSON integers; absent
   values are ``null``; ``block_ids`` is an array, ``details`` an object;
 * a float in ``details`` with an integral value is written as the integer
-  (:class:`audit.AuditEvent` converts it on construction); other floats as
+  (:class:`kvgov.audit.AuditEvent` converts it on construction); other floats as
   Python's shortest round-trip ``repr``; NaN and infinities are refused.
 
 The known-answer vectors in ``tests/vectors/chain_*.json`` pin this layout.
@@ -168,7 +168,7 @@ def canonical_json(value: Any) -> str:
     """Encode a JSON value in the canonical form the chain hashes (and SQLite stores).
 
     Args:
-        value: a JSON-able value (as cleaned by :class:`audit.AuditEvent`).
+        value: a JSON-able value (as cleaned by :class:`kvgov.audit.AuditEvent`).
 
     Returns:
         Compact, key-sorted, ASCII-only JSON text.

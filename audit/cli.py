@@ -20,10 +20,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
-from audit.signing import generate_key_files, load_public_key
-from audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
-from audit.verify import verify
+from kvgov.audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
+from kvgov.audit.signing import generate_key_files, load_public_key
+from kvgov.audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
+from kvgov.audit.verify import verify
 from kvgov.defaults import AUDIT_URL, AUDIT_URL_ENV
 from kvgov.exceptions import KVGovError
 

@@ -5,7 +5,7 @@ adapter, tokenizer, template version), which blocks and how many tokens, and und
 which policy decision. It never carries token ids or text: there is no field for
 them, and ``details`` refuses keys that would hold them (:data:`FORBIDDEN_DETAIL_KEYS`).
 
-The writer (:class:`audit.AuditLog`) adds the event id, the time, the stream id and
+The writer (:class:`kvgov.audit.AuditLog`) adds the event id, the time, the stream id and
 sequence number, and the hash chain.
 """
 
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: The scalar fields a caller gives after ``type``, in the order the chain hashes them
-#: (:mod:`audit.chain`) and the ``audit_events`` columns hold them; ``block_ids`` and
+#: (:mod:`kvgov.audit.chain`) and the ``audit_events`` columns hold them; ``block_ids`` and
 #: ``details`` follow.
 FIELDS: Final = (
     SCOPE_FIELDS[0],  # the tenant who owns the blocks

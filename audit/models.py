@@ -6,7 +6,7 @@ since the Unix epoch, UTC (``time_us``): SQLite drops time zones, integers do no
 and the hash chain covers exactly the stored integer.
 
 JSON columns (``block_ids``, ``details``) are ``JSON`` on SQLite and ``JSONB`` on
-PostgreSQL; the chain hashes their canonical form (see :mod:`audit.chain`), which
+PostgreSQL; the chain hashes their canonical form (see :mod:`kvgov.audit.chain`), which
 survives JSONB's key reordering.
 """
 
@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from audit.events import FIELDS
+from kvgov.audit.events import FIELDS
 
 __all__ = ["AuditCheckpoint", "AuditEventRow", "AuditKey", "Base", "metadata"]
 
@@ -79,7 +79,7 @@ class AuditEventRow(Base):
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     #: When the event was recorded: microseconds since 1970-01-01 UTC.
     time_us: Mapped[int] = mapped_column(BigInteger)
-    #: An ``audit.EventType`` value.
+    #: An ``kvgov.audit.EventType`` value.
     type: Mapped[str] = mapped_column(String(32))
     tenant: Mapped[str | None] = mapped_column(String(256))
     requester_tenant: Mapped[str | None] = mapped_column(String(256))
@@ -115,7 +115,7 @@ class AuditCheckpoint(Base):
     stream: Mapped[str] = mapped_column(String(128), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     chain_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
-    #: Ed25519 signature over ``audit.signing.checkpoint_message(stream, seq, chain_hash)``.
+    #: Ed25519 signature over ``kvgov.audit.signing.checkpoint_message(stream, seq, chain_hash)``.
     signature: Mapped[bytes] = mapped_column(LargeBinary(64))
     key_id: Mapped[str] = mapped_column(String(16))
     time_us: Mapped[int] = mapped_column(BigInteger)

@@ -17,9 +17,9 @@ from typing import Any, Final, TextIO
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.engine import URL
 
-from audit.events import FIELDS, EventType
-from audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
-from audit.store import open_engine
+from kvgov.audit.events import FIELDS, EventType
+from kvgov.audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
+from kvgov.audit.store import open_engine
 
 __all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "to_time_us"]
 

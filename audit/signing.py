@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from audit.chain import ChainHash
+from kvgov.audit.chain import ChainHash
 from kvgov.defaults import SIGNING_KEY_ENV
 from kvgov.exceptions import SigningKeyError
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from audit.chain import canonical_json
-from audit.models import EVENT_INSERT_COLUMNS
+from kvgov.audit.chain import canonical_json
+from kvgov.audit.models import EVENT_INSERT_COLUMNS
 
 __all__ = ["CheckpointRecord", "EventRecord", "KeyRecord", "Spool", "SpoolContents"]
 

@@ -100,7 +100,7 @@ def create_audit_engine(url: str | URL) -> Engine:
 
 def _config(url: str | URL | None = None, connection: Connection | None = None) -> Config:
     cfg = Config(stdout=io.StringIO())
-    cfg.set_main_option("script_location", str(files("migrations")))
+    cfg.set_main_option("script_location", str(files("kvgov.migrations")))
     if url is not None:
         cfg.set_main_option(
             "sqlalchemy.url",

@@ -35,10 +35,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Connection, func, select
 from sqlalchemy.engine import URL
 
-from audit.chain import GENESIS_HASH, ChainHash, canonical_json, canonical_prefix, fast_json
-from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
-from audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
-from audit.store import open_engine
+from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_json, canonical_prefix, fast_json
+from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
+from kvgov.audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
+from kvgov.audit.store import open_engine
 
 __all__ = ["Problem", "StreamReport", "VerifyReport", "verify"]
 
@@ -57,7 +57,7 @@ _SQLITE_SCAN: Final = (
     f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, hash "
     "FROM audit_events WHERE stream = ? ORDER BY seq"
 )
-#: Any other database: the columns, encoded by :func:`audit.chain.fast_json`.
+#: Any other database: the columns, encoded by :func:`kvgov.audit.chain.fast_json`.
 _SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "hash")
 #: Characters the canonical form escapes and SQLite's JSON keeps as they are.
 _NOT_CANONICAL: Final = re.compile(r"[^\x00-\x7e]")
@@ -431,7 +431,7 @@ def _check_stream(
 def _check_batch(conn: Connection, st: _StreamCheck, batch: list[_ScanRow]) -> None:
     """Recompute the hashes of one batch of a stream's rows (the verifier's hot loop).
 
-    Layout in :mod:`audit.chain`: the stream's prefix, the head JSON without its
+    Layout in :mod:`kvgov.audit.chain`: the stream's prefix, the head JSON without its
     brackets, then ``,block_ids,details]``.
     """
     sha256 = hashlib.sha256

@@ -52,12 +52,12 @@ from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 
-from audit.chain import GENESIS_HASH, BlockIdsJson, ChainHash, canonical_prefix, fast_json
-from audit.events import CRITICAL_EVENT_TYPES, FIELDS, AuditEvent
-from audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
-from audit.signing import SigningKey, checkpoint_message, load_signing_key
-from audit.spool import CheckpointRecord, EventRecord, KeyRecord, Spool
-from audit.store import normalize_url, open_engine
+from kvgov.audit.chain import GENESIS_HASH, BlockIdsJson, ChainHash, canonical_prefix, fast_json
+from kvgov.audit.events import CRITICAL_EVENT_TYPES, FIELDS, AuditEvent
+from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
+from kvgov.audit.signing import SigningKey, checkpoint_message, load_signing_key
+from kvgov.audit.spool import CheckpointRecord, EventRecord, KeyRecord, Spool
+from kvgov.audit.store import normalize_url, open_engine
 from kvgov.defaults import AUDIT_BATCH_SIZE, AUDIT_QUEUE_SIZE, AUDIT_URL, CHECKPOINT_EVERY
 from kvgov.exceptions import AuditError, AuditUnavailable, InvalidAuditEvent
 
@@ -181,7 +181,7 @@ class AuditLog:
     """Append hash-chained audit events for one stream, in batches, off the caller's thread.
 
     Non-critical events are queued and written by a background thread; critical ones
-    (:data:`audit.CRITICAL_EVENT_TYPES`) are written, after everything queued before
+    (:data:`kvgov.audit.CRITICAL_EVENT_TYPES`) are written, after everything queued before
     them, before ``record`` returns. When the database is unreachable, sealed events
     go to a local spool file (same chain) and are replayed in order when it returns.
     When neither can be written, critical ``record`` calls, ``flush`` and
@@ -207,7 +207,7 @@ class AuditLog:
         batch_size: events per database round trip.
         queue_size: events queued before ``record`` blocks the caller.
         retry_seconds: seconds after a database failure before it is tried again.
-        auto_upgrade: passed to :func:`audit.store.open_engine`.
+        auto_upgrade: passed to :func:`kvgov.audit.store.open_engine`.
 
     Raises:
         AuditSchemaError: the database is not at the head revision.
@@ -464,7 +464,7 @@ class AuditLog:
         self._last_cp_seq = seq
 
     def _seal_locked(self, items: list[_Item]) -> None:
-        """Compute canonical bytes and chain hashes; layout in :mod:`audit.chain`."""
+        """Compute canonical bytes and chain hashes; layout in :mod:`kvgov.audit.chain`."""
         prev: bytes = self._head_hash
         prev_row = bytearray(prev)
         stream = self._stream

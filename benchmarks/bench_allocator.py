@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from allocator import BlockPool, KVSpec
+from kvgov.allocator import BlockPool, KVSpec
 
 TINY = KVSpec(num_layers=1, num_kv_heads=1, head_dim=1, block_size=1)
 LLAMA = KVSpec(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from audit import AuditEvent, AuditLog, EventType, upgrade, verify
+from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
 
 PG_HOST = os.environ.get("KVGOV_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("KVGOV_TEST_PG_PORT", "5432"))

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from paired import ratio_stats  # benchmarks/paired.py, beside this script
 
-from allocator import BlockPool
-from govern import GovernedKVCache
-from govern.replay import (
+from kvgov.allocator import BlockPool
+from kvgov.govern import GovernedKVCache
+from kvgov.govern.replay import (
     ReplayResult,
     TraceRequest,
     load_trace,

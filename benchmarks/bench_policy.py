@@ -24,9 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from policy.client import PolicyClient, scope_key
-from policy.embedded import EmbeddedEngine
-from policy.opa_server import OpaServerEngine
+from kvgov.policy.client import PolicyClient, scope_key
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.opa_server import OpaServerEngine
 from tests.policy.opa_fake import FakeOpa
 from tests.policy.samples import SCOPE
 

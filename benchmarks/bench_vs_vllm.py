@@ -54,7 +54,7 @@ more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
                   (n - 1) // 16 blocks may hit (vLLM's max_cache_hit_length = n - 1).
                   Hit rates must be equal.
 
-kvgov's pool is the replay layout (``govern.replay.replay_spec``, 512 bytes a
+kvgov's pool is the replay layout (``kvgov.govern.replay.replay_spec``, 512 bytes a
 block): the bookkeeping is measured, not memory traffic; kvgov zeroizes every
 block it frees unkeyed or evicts (one clear per run of ids), vLLM does not.
 
@@ -473,10 +473,10 @@ class KvgovSide:
     """kvgov's pool, key derivation and governed cache; runs in this process."""
 
     def __init__(self, workdir: Path) -> None:
-        from allocator import BlockPool
-        from govern import GovernedKVCache
-        from govern.keys import KeyDeriver, namespace_root, pack_tokens, scope_digest
-        from govern.replay import replay_spec, trace_scope
+        from kvgov.allocator import BlockPool
+        from kvgov.govern import GovernedKVCache
+        from kvgov.govern.keys import KeyDeriver, namespace_root, pack_tokens, scope_digest
+        from kvgov.govern.replay import replay_spec, trace_scope
 
         self.BlockPool = BlockPool
         self.GovernedKVCache = GovernedKVCache
@@ -634,7 +634,7 @@ class KvgovSide:
         return {"governed_hit": seconds / (iters * PROMPT_BLOCKS) * 1e6}
 
     def replay(self, requests: list[Any]) -> dict[str, float]:
-        from govern.replay import replay_governed
+        from kvgov.govern.replay import replay_governed
 
         name = f"replay-{self._next()}.db"
         with self._create_cache(name) as cache:
@@ -730,7 +730,7 @@ def _median(samples: list[dict[str, Any]], key: str) -> float:
 
 
 def _write_tokens(requests: list[Any], path: Path) -> None:
-    from govern.replay import expand_tokens
+    from kvgov.govern.replay import expand_tokens
 
     with path.open("wb") as fh:
         array("I", [len(requests)]).tofile(fh)
@@ -844,7 +844,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(why)
 
-    from govern.replay import load_trace
+    from kvgov.govern.replay import load_trace
 
     cpu = _pin(args.cpu)
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-"))
@@ -969,7 +969,7 @@ def profile(args: argparse.Namespace) -> int:
     try:
         name = args.profile
         if name == "replay":
-            from govern.replay import load_trace
+            from kvgov.govern.replay import load_trace
 
             requests = load_trace(args.trace, args.limit or REPLAY_REQUESTS)
             call: Callable[[], Any] = lambda: kv.replay(requests)  # noqa: E731

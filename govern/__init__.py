@@ -1,7 +1,7 @@
 """The safe layer: the governed KV cache a serving stack embeds.
 
-``GovernedKVCache`` composes the block pool (:mod:`allocator`), the Rego
-policies (:mod:`policy`) and the audit trail (:mod:`audit`); ``CacheScope``
+``GovernedKVCache`` composes the block pool (:mod:`kvgov.allocator`), the Rego
+policies (:mod:`kvgov.policy`) and the audit trail (:mod:`kvgov.audit`); ``CacheScope``
 says what must match before KV state is reused.
 """
 

@@ -41,15 +41,15 @@ from typing import Any
 
 import torch
 
-from allocator import (
+from kvgov import defaults
+from kvgov.allocator import (
     BlockPool,
     BlocksEvicted,
     BlockState,
     BlocksZeroized,
     KVSpec,
 )
-from audit import AuditEvent, AuditLog, EventType
-from kvgov import defaults
+from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.exceptions import (
     DuplicateSequence,
     InternalError,
@@ -62,7 +62,7 @@ from kvgov.exceptions import (
     UnknownSequence,
     ZeroizationError,
 )
-from policy import PolicyClient
+from kvgov.policy import PolicyClient
 
 from .keys import (
     CacheKey,
@@ -159,11 +159,11 @@ class _KeyPlan:
 class GovernedKVCache:
     """A paged KV cache where every reuse is scoped, policy-decided and audited.
 
-    Invariants (beyond the pool's own, see :class:`allocator.BlockPool`):
+    Invariants (beyond the pool's own, see :class:`kvgov.allocator.BlockPool`):
 
     * a block is found by key only in the namespace (tenant or share group)
       that keyed it, and every key commits to the full scope but the tenant
-      (see :mod:`govern.keys`);
+      (see :mod:`kvgov.govern.keys`);
     * a hit on a block another tenant owns is used only if the sharing policy
       allows that requester and owner, and is audited synchronously;
     * ``_owner[b]`` is the scope that first wrote block ``b`` while ``b`` is
@@ -250,7 +250,7 @@ class GovernedKVCache:
                 life of this process instead of refusing to start.
             clock: seconds since the epoch; inject a fake one in tests.
             worker_id: the audit stream id of this worker; None derives one.
-            policy_engine: ``"embedded"`` or a ready :class:`policy.PolicyEngine`
+            policy_engine: ``"embedded"`` or a ready :class:`kvgov.policy.PolicyEngine`
                 (e.g. an ``OpaServerEngine``).
             verify_zeroization: read back every zeroized block range and raise
                 :class:`kvgov.exceptions.ZeroizationError` if any byte is left.

@@ -14,12 +14,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from allocator import KVSpec
-from allocator.sizing import capacity
-from allocator.spec import parse_dtype
-from audit.cli import audit_group, db_group
+from kvgov.allocator import KVSpec
+from kvgov.allocator.sizing import capacity
+from kvgov.allocator.spec import parse_dtype
+from kvgov.audit.cli import audit_group, db_group
 from kvgov.exceptions import KVGovError
-from policy.cli import policy_group
+from kvgov.policy.cli import policy_group
 
 from .logs import configure_logging
 

@@ -35,8 +35,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from allocator import KVSpec
-from audit import AuditQueries, verify
+from kvgov.allocator import KVSpec
+from kvgov.audit import AuditQueries, verify
 
 from .cache import GovernedKVCache
 from .scope import CacheScope

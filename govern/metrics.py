@@ -3,7 +3,7 @@
 Embed it in a serving stack's own registry::
 
     from prometheus_client import REGISTRY
-    from govern.metrics import CacheCollector
+    from kvgov.govern.metrics import CacheCollector
 
     REGISTRY.register(CacheCollector(cache))
 

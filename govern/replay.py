@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from allocator import BlockPool, KVSpec
+from kvgov.allocator import BlockPool, KVSpec
 from kvgov.exceptions import InvalidArgument, OutOfBlocks
 
 from .cache import GovernedKVCache

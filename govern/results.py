@@ -1,4 +1,4 @@
-"""Small frozen results returned by :class:`govern.GovernedKVCache`, read by name."""
+"""Small frozen results returned by :class:`kvgov.govern.GovernedKVCache`, read by name."""
 
 from __future__ import annotations
 

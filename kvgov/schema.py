@@ -1,9 +1,9 @@
 """Field names every layer shares, defined once.
 
-The scope's nine fields name the policy input (:mod:`policy`), the columns of
-audit events (:mod:`audit`) and the fields of :class:`govern.CacheScope`; their
+The scope's nine fields name the policy input (:mod:`kvgov.policy`), the columns of
+audit events (:mod:`kvgov.audit`) and the fields of :class:`kvgov.govern.CacheScope`; their
 order is the cache-key order of the decision cache and the order the scope
-digest encodes them (:mod:`govern.keys`), so it must never change.
+digest encodes them (:mod:`kvgov.govern.keys`), so it must never change.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Alembic environment for the audit store, online and offline.
 
-kvgov runs this programmatically (``audit.store``): online with a connection handed in
+kvgov runs this programmatically (``kvgov.audit.store``): online with a connection handed in
 through ``config.attributes["connection"]`` (or a URL in ``sqlalchemy.url``), offline
 (``kvgov db upgrade --sql``) rendering SQL for a URL's dialect.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from audit.models import metadata
+from kvgov.audit.models import metadata
 
 config = context.config
 target_metadata = metadata

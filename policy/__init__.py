@@ -6,9 +6,9 @@ cache over an engine, the embedded regorus engine by default or an OPA server.
 Any engine error, timeout or wrong-shaped result denies. See docs/policy.md.
 """
 
-from policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge, load_bundle
-from policy.cache import CachedEngine, CacheStats
-from policy.client import (
+from kvgov.policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge, load_bundle
+from kvgov.policy.cache import CachedEngine, CacheStats
+from kvgov.policy.client import (
     AdmissionDecision,
     OffloadDecision,
     PolicyClient,
@@ -16,10 +16,10 @@ from policy.client import (
     ShareGroups,
     SharingDecision,
 )
-from policy.embedded import EmbeddedEngine
-from policy.engine import Decision, PolicyEngine, normalize_path
-from policy.opa_server import OpaServerEngine
-from policy.testing import RegoTestReport, RegoTestResult, run_tests
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import Decision, PolicyEngine, normalize_path
+from kvgov.policy.opa_server import OpaServerEngine
+from kvgov.policy.testing import RegoTestReport, RegoTestResult, run_tests
 
 __all__ = [
     "BUNDLE_DIR",

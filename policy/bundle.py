@@ -293,7 +293,7 @@ def load_bundle(
     _compile_check(bundle)
     if run_tests:
         # Imported here: testing builds on this module (it loads bundles to test them).
-        from policy.testing import run_bundle_tests
+        from kvgov.policy.testing import run_bundle_tests
 
         report = run_bundle_tests(bundle)
         if not report.passed:

@@ -5,7 +5,7 @@ Key: ``(rule path, input key, bundle revision)``. The input key is either
 * the **canonical JSON** of the input (sorted keys, compact; computed here, about
   5 µs for a scope-shaped input), or
 * a **caller-supplied key** (``evaluate(path, input, key=...)``): any hashable value
-  that determines the input exactly. :class:`~policy.client.PolicyClient` passes
+  that determines the input exactly. :class:`~kvgov.policy.client.PolicyClient` passes
   the tuple of a scope's nine field values (each checked to be ``str`` or ``None``,
   in a fixed field order) plus the other input fields, which costs under 1 µs;
   that is how a cached decision through the client stays within about 1.5 µs on a
@@ -26,7 +26,7 @@ A hit returns the stored decision: it carries the **original** ``decision_id``
 Views: :meth:`CachedEngine.evaluate_as` returns ``view(decision)`` instead, and
 keeps the value with the cached decision, so a hit returns the value the view
 gave the first time instead of reading and checking the decision again.
-:class:`~policy.client.PolicyClient` reads every typed answer this way, through
+:class:`~kvgov.policy.client.PolicyClient` reads every typed answer this way, through
 :meth:`CachedEngine.answer`, which builds the policy input only on a miss: a
 hit is one lookup, with no input built and no memo of typed answers beside it.
 """
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvgov.defaults import DECISION_CACHE_SIZE
-from policy.bundle import canonical_json
-from policy.engine import Decision, PolicyEngine
+from kvgov.policy.bundle import canonical_json
+from kvgov.policy.engine import Decision, PolicyEngine
 
 __all__ = ["CacheStats", "CachedEngine"]
 
@@ -84,7 +84,7 @@ class _Entry:
 
 
 class CachedEngine:
-    """A :class:`~policy.engine.PolicyEngine` that caches another one's decisions.
+    """A :class:`~kvgov.policy.engine.PolicyEngine` that caches another one's decisions.
 
     Thread-safe: one lock guards the LRU (held for the lookup and the insert, not
     while the engine evaluates; two threads missing the same key both evaluate,

@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvgov.exceptions import PolicyLoadError
-from policy.embedded import EmbeddedEngine
-from policy.testing import run_tests
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.testing import run_tests
 
 __all__ = ["policy_group"]
 

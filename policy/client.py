@@ -13,7 +13,7 @@ Cache keys: for scope-shaped inputs the client passes the cache a precomputed
 key, the tuple of the scope's nine values in :data:`SCOPE_FIELDS` order, used only
 when the scope has exactly those keys and every value is a ``str`` or ``None``
 (so the tuple determines the scope exactly; ``True``/``1`` confusion cannot arise
-because other types fall back to canonical JSON). See :mod:`policy.cache`.
+because other types fall back to canonical JSON). See :mod:`kvgov.policy.cache`.
 
 Typed answers: each accessor reads its decision with a module-level reader
 (``_read_admission`` ...) through :meth:`CachedEngine.answer
@@ -35,10 +35,10 @@ from typing import Any, TypeVar
 
 from kvgov.defaults import DECISION_CACHE_SIZE, MAX_PRIORITY, MIN_PRIORITY, OPA_TIMEOUT_SECONDS
 from kvgov.exceptions import PolicyError
+from kvgov.policy.cache import CachedEngine, CacheStats
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import Decision, PolicyEngine
 from kvgov.schema import SCOPE_FIELDS
-from policy.cache import CachedEngine, CacheStats
-from policy.embedded import EmbeddedEngine
-from policy.engine import Decision, PolicyEngine
 
 __all__ = [
     "ADMISSION_PATH",
@@ -281,7 +281,7 @@ class PolicyClient:
     """Typed, fail-closed policy decisions for the govern layer.
 
     Args:
-        engine: the engine; a :class:`~policy.cache.CachedEngine` is used as is,
+        engine: the engine; a :class:`~kvgov.policy.cache.CachedEngine` is used as is,
             any other engine is wrapped in one of ``cache_size`` decisions.
         cache_size: decisions cached when wrapping (0: no cache).
     """
@@ -331,7 +331,7 @@ class PolicyClient:
         elif engine == "opa-server":
             if opa_url is None:
                 raise PolicyError("engine='opa-server' needs opa_url, e.g. http://127.0.0.1:8181")
-            from policy.opa_server import OpaServerEngine
+            from kvgov.policy.opa_server import OpaServerEngine
 
             inner = OpaServerEngine(opa_url, token=opa_token, timeout=opa_timeout)
         elif isinstance(engine, str):

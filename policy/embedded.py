@@ -23,7 +23,7 @@ over as is; JSON text is no cheaper), the rest building the :class:`Decision`.
 The interpreter charges a few µs for every rule or function a body refers to, so
 each decision of the bundle decides its common case in one body that reads the
 input in place (see admission.rego); that halved its time. Repeated decisions go
-through :class:`~policy.cache.CachedEngine`. regorus 0.13 also has a compiler and
+through :class:`~kvgov.policy.cache.CachedEngine`. regorus 0.13 also has a compiler and
 VM (``Program`` / ``Rvm``, about 25 µs), deliberately not used: it answered
 ``undefined`` for an ``else`` branch after a body with an undefined reference
 (the interpreter and OPA give the else value), and encodes undefined as the
@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from policy.bundle import Bundle, canonical_json, load_bundle
-from policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
+from kvgov.policy.bundle import Bundle, canonical_json, load_bundle
+from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
 
 __all__ = ["EmbeddedEngine"]
 

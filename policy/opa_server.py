@@ -45,7 +45,7 @@ from opa_client import OpaClient
 
 from kvgov.defaults import OPA_REVISION_TTL_SECONDS, OPA_TIMEOUT_SECONDS
 from kvgov.exceptions import PolicyError
-from policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
+from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
 
 __all__ = ["OpaServerEngine"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
+from kvgov.policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
 
 __all__ = ["RegoTestReport", "RegoTestResult", "discover_tests", "run_bundle_tests", "run_tests"]
 

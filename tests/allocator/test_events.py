@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.events import (
+from kvgov.allocator.events import (
     BlocksAllocated,
     BlocksEvicted,
     BlocksHit,

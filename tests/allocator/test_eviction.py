@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.eviction import EvictionQueue
+from kvgov.allocator.eviction import EvictionQueue
 
 
 def _prio(values: dict[int, int], size: int = 16) -> bytearray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.metadata import (
+from kvgov.allocator.metadata import (
     CACHED_CODE,
     DIRTY_CODE,
     FREE_CODE,

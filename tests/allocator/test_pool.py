@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from allocator import (
+from kvgov.allocator import (
     BlockPool,
     BlocksAllocated,
     BlocksEvicted,
@@ -29,7 +29,7 @@ from allocator import (
     PoolCounts,
     Revoked,
 )
-from allocator.zeroize import CpuZeroizer
+from kvgov.allocator.zeroize import CpuZeroizer
 from kvgov.exceptions import (
     BlockStateError,
     InvalidSpec,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.sizing import (
+from kvgov.allocator.sizing import (
     Capacity,
     blocks_in_bytes,
     capacity,
     concurrent_sequences,
     tokens_in_bytes,
 )
-from allocator.spec import KVSpec
+from kvgov.allocator.spec import KVSpec
 from kvgov.exceptions import InvalidSpec
 
 GIB = 1024**3

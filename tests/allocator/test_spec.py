@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from allocator.spec import KVSpec, parse_dtype, positive_int
+from kvgov.allocator.spec import KVSpec, parse_dtype, positive_int
 from kvgov.exceptions import InvalidSpec
 
 LLAMA3_8B = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from allocator.zeroize import (
+from kvgov.allocator.zeroize import (
     GIL_HELD_MAX_BYTES,
     PARALLEL_MIN_BYTES,
     CpuZeroizer,
@@ -132,7 +132,7 @@ def test_make_zeroizer_picks_cpu_for_cpu_tensors() -> None:
 @pytest.mark.gpu
 def test_cuda_zeroizer_clears_runs_on_the_device() -> None:
     """On CUDA the runs are zero in device memory when zeroize returns, and verified."""
-    from allocator.zeroize import CudaZeroizer
+    from kvgov.allocator.zeroize import CudaZeroizer
 
     words = _words(64, 1024).cuda()
     before = words.clone()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from audit import AuditEvent, AuditLog, EventType, upgrade
-from audit.store import normalize_url
+from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade
+from kvgov.audit.store import normalize_url
 
 
 class FixedClock:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from audit import GENESIS_HASH, AuditEvent, AuditLog, ChainHash, verify
-from audit.chain import canonical_event_bytes, canonical_json, chain_hash
+from kvgov.audit import GENESIS_HASH, AuditEvent, AuditLog, ChainHash, verify
+from kvgov.audit.chain import canonical_event_bytes, canonical_json, chain_hash
 
 VECTORS = sorted((Path(__file__).parent.parent / "vectors").glob("chain_*.json"))
 SCALARS = ("tenant", "requester_tenant", "classification", "model", "model_revision",
@@ -49,7 +49,7 @@ def test_writer_stores_vector_hashes_after_db_round_trip(path: Path, db_url: str
     """AuditLog seals the vector events to the same hashes on SQLite and PostgreSQL."""
     from sqlalchemy import create_engine, text
 
-    from audit.store import normalize_url
+    from kvgov.audit.store import normalize_url
 
     doc = _load(path)
     now = [0.0]
@@ -79,7 +79,7 @@ def test_block_ids_json_equals_canonical_json() -> None:
     """The writer's block-id encoder gives exactly canonical_json, below and above its limit."""
     import random
 
-    from audit.chain import BlockIdsJson, canonical_json
+    from kvgov.audit.chain import BlockIdsJson, canonical_json
 
     encode = BlockIdsJson(limit=1000)
     rng = random.Random(5)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from audit import AuditEvent, AuditLog, EventType
-from audit.cli import audit_group, db_group
+from kvgov.audit import AuditEvent, AuditLog, EventType
+from kvgov.audit.cli import audit_group, db_group
 
 from .conftest import attacker, sample_event
 

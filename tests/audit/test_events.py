@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit import CRITICAL_EVENT_TYPES, AuditEvent, EventType
+from kvgov.audit import CRITICAL_EVENT_TYPES, AuditEvent, EventType
 from kvgov.exceptions import InvalidAuditEvent
 
 

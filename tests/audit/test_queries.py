@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from audit import AuditEvent, AuditLog, AuditQueries, EventType
+from kvgov.audit import AuditEvent, AuditLog, AuditQueries, EventType
 
 from .conftest import FixedClock
 

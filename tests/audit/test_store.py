@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DatabaseError
 
-from audit import AuditLog, AuditQueries, current_revision, downgrade, head_revision, upgrade
-from audit.store import normalize_url, open_engine
+from kvgov.audit import AuditLog, AuditQueries, current_revision, downgrade, head_revision, upgrade
+from kvgov.audit.store import normalize_url, open_engine
 from kvgov.exceptions import AuditSchemaError
 
 from .conftest import sample_event

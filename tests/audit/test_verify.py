@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from audit import AuditLog, load_public_key, verify
-from audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
-from audit.models import EVENT_INSERT_COLUMNS
-from audit.signing import generate_key_files
-from audit.store import normalize_url
+from kvgov.audit import AuditLog, load_public_key, verify
+from kvgov.audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
+from kvgov.audit.models import EVENT_INSERT_COLUMNS
+from kvgov.audit.signing import generate_key_files
+from kvgov.audit.store import normalize_url
 
 from .conftest import attacker, sample_event
 
@@ -186,7 +186,7 @@ def test_many_streams_verify_independently(db_url: str, populate: Populate) -> N
 
 def test_non_ascii_and_control_characters_verify(db_url: str, tmp_path: Path) -> None:
     """Text fields with non-ASCII, DEL, quotes and control characters verify, and edits show."""
-    from audit import AuditEvent, EventType
+    from kvgov.audit import AuditEvent, EventType
 
     odd = 'caf\u00e9 \u2603 \U0001f600 \x7f "q" \\ \n\t\x01'
     with AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl") as log:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from audit import AuditEvent, AuditLog, EventType, upgrade, verify
-from audit import store as store_mod
-from audit.models import EVENT_INSERT_COLUMNS
-from audit.store import normalize_url
-from audit.writer import _insert_sqlite
+from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
+from kvgov.audit import store as store_mod
+from kvgov.audit.models import EVENT_INSERT_COLUMNS
+from kvgov.audit.store import normalize_url
+from kvgov.audit.writer import _insert_sqlite
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
 
 from .conftest import FixedClock, sample_event, scalar

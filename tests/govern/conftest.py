@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from allocator import KVSpec
-from govern import CacheScope, GovernedKVCache
+from kvgov.allocator import KVSpec
+from kvgov.govern import CacheScope, GovernedKVCache
 
 SECRET = b"k" * 32
 #: 4 tokens a block so tests reason in small numbers.

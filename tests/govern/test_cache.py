@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from audit import AuditQueries
-from govern import GovernedKVCache
+from kvgov.audit import AuditQueries
 from kvgov.exceptions import (
     DuplicateSequence,
     InvalidArgument,
@@ -20,6 +19,7 @@ from kvgov.exceptions import (
     PoolClosed,
     UnknownSequence,
 )
+from kvgov.govern import GovernedKVCache
 
 from .conftest import SECRET, SPEC, fill, make_scope, share_group, tenant_config
 

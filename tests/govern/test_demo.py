@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from audit import AuditQueries
-from govern.cli import main
+from kvgov.audit import AuditQueries
+from kvgov.govern.cli import main
 
 
 def test_quick_demo_report_matches_the_audit_log(tmp_path: Path) -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from govern.keys import (
+from kvgov.exceptions import InvalidTokens, KeySecretError
+from kvgov.govern.keys import (
     KeyDeriver,
     load_key_secret,
     namespace_root,
     pack_tokens,
     scope_digest,
 )
-from kvgov.exceptions import InvalidTokens, KeySecretError
 
 from .conftest import make_scope
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from audit import AuditQueries
-from govern import GovernedKVCache
+from kvgov.audit import AuditQueries
 from kvgov.exceptions import InvalidArgument, TenantPurging
+from kvgov.govern import GovernedKVCache
 
 from .conftest import FakeClock, fill, make_scope, share_group, tenant_config
 

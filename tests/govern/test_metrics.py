@@ -5,8 +5,8 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable
 
-from govern import GovernedKVCache
-from govern.metrics import serve_metrics
+from kvgov.govern import GovernedKVCache
+from kvgov.govern.metrics import serve_metrics
 
 from .conftest import make_scope
 

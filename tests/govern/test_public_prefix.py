@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from audit import AuditQueries
-from govern import GovernedKVCache
+from kvgov.audit import AuditQueries
+from kvgov.govern import GovernedKVCache
 
 from .conftest import fill, make_scope, share_group
 

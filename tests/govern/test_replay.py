@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from allocator import BlockPool
-from govern import GovernedKVCache
-from govern.cli import main
-from govern.replay import (
+from kvgov.allocator import BlockPool
+from kvgov.exceptions import InvalidArgument
+from kvgov.govern import GovernedKVCache
+from kvgov.govern.cli import main
+from kvgov.govern.replay import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     expand_tokens,
@@ -24,7 +25,6 @@ from govern.replay import (
     tenant_of,
     trace_scope,
 )
-from kvgov.exceptions import InvalidArgument
 
 TRACE = Path(__file__).parents[2] / ".." / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from govern import CacheScope
 from kvgov.exceptions import InvalidScope
+from kvgov.govern import CacheScope
 from kvgov.schema import SCOPE_FIELDS
 
 from .conftest import make_scope

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from policy.bundle import BUNDLE_DIR
-from policy.embedded import EmbeddedEngine
+from kvgov.policy.bundle import BUNDLE_DIR
+from kvgov.policy.embedded import EmbeddedEngine
 from tests.policy.opa_fake import FakeOpa
 from tests.policy.samples import SCOPE
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from policy.embedded import EmbeddedEngine
+from kvgov.policy.embedded import EmbeddedEngine
 
 # The misbehaving modes that answer a decision with a fixed (status, body).
 _CANNED: dict[str, tuple[int, bytes]] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
-from policy.bundle import BUNDLE_DIR, deep_merge, load_bundle
+from kvgov.policy.bundle import BUNDLE_DIR, deep_merge, load_bundle
 
 
 def test_bundled_policy_loads_with_its_tests() -> None:

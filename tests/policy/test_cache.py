@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from policy.cache import CachedEngine
-from policy.embedded import EmbeddedEngine
-from policy.engine import Decision, failed_decision, make_decision
+from kvgov.policy.cache import CachedEngine
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import Decision, failed_decision, make_decision
 
 PATH = "kvgov/retention/decision"
 

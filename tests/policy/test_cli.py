@@ -8,7 +8,7 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from policy.cli import policy_group
+from kvgov.policy.cli import policy_group
 
 
 def test_policy_group_is_a_click_group() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import PolicyError
-from policy.client import PolicyClient, scope_key
-from policy.embedded import EmbeddedEngine
-from policy.engine import Decision, failed_decision, make_decision
+from kvgov.policy.client import PolicyClient, scope_key
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import Decision, failed_decision, make_decision
 from tests.policy.samples import SCOPE
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
-from policy.embedded import EmbeddedEngine
-from policy.engine import PolicyEngine
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import PolicyEngine
 
 
 def test_is_a_policy_engine(embedded: EmbeddedEngine) -> None:

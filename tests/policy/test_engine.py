@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from policy.engine import failed_decision, make_decision, new_decision_id, normalize_path
+from kvgov.policy.engine import failed_decision, make_decision, new_decision_id, normalize_path
 
 
 @pytest.mark.parametrize(

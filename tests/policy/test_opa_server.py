@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import PolicyError
-from policy.cache import CachedEngine
-from policy.client import PolicyClient
-from policy.embedded import EmbeddedEngine
-from policy.engine import PolicyEngine
-from policy.opa_server import OpaServerEngine
+from kvgov.policy.cache import CachedEngine
+from kvgov.policy.client import PolicyClient
+from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.engine import PolicyEngine
+from kvgov.policy.opa_server import OpaServerEngine
 from tests.policy.opa_fake import FakeOpa
 
 ADMISSION = "kvgov/admission/decision"

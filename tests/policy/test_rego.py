@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.embedded import EmbeddedEngine
+from kvgov.policy.embedded import EmbeddedEngine
 from tests.policy.samples import SCOPE
 
 #: Policy data the properties run under: the bundle's, and tenant overrides and

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvgov.exceptions import PolicyLoadError
-from policy.testing import run_tests
+from kvgov.policy.testing import run_tests
 
 
 def test_every_bundle_test_passes() -> None:
