@@ -6,6 +6,7 @@ govern layer drains (:meth:`BlockPool.take_events`).
 
 from kvgov.allocator.events import (
     BlocksAllocated,
+    BlocksCached,
     BlocksEvicted,
     BlocksHit,
     BlocksKeyed,
@@ -28,6 +29,7 @@ __all__ = [
     "BlockPool",
     "BlockState",
     "BlocksAllocated",
+    "BlocksCached",
     "BlocksEvicted",
     "BlocksHit",
     "BlocksKeyed",

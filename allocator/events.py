@@ -35,6 +35,7 @@ def _typed_hash(self: tuple[Any, ...]) -> int:
 
 __all__ = [
     "BlocksAllocated",
+    "BlocksCached",
     "BlocksEvicted",
     "BlocksHit",
     "BlocksKeyed",
@@ -73,14 +74,28 @@ class BlocksHit(NamedTuple):
     block_ids: tuple[int, ...]
 
 
+class BlocksCached(NamedTuple):
+    """OWNED keyed blocks lost their last reference and became CACHED (``free``).
+
+    Retention starts here: the governor gives each block its deadline (the
+    time of this event plus the block's retention) when it sees this event.
+
+    Attributes:
+        block_ids: the blocks, in the order they entered the eviction queue.
+    """
+
+    block_ids: tuple[int, ...]
+
+
 class BlocksEvicted(NamedTuple):
     """CACHED blocks lost their key and went DIRTY (they are zeroized right after).
 
     Attributes:
         block_ids: the blocks, in eviction order.
         keys: the key each block held, same order.
-        reason: ``"capacity"`` (allocation pressure), ``"expired"`` (TTL),
-            ``"closed"`` (pool closed), or the caller's reason given to ``revoke``.
+        reason: ``"capacity"`` (allocation pressure), ``"closed"`` (pool
+            closed), or the caller's reason given to ``evict`` or ``revoke``
+            (``"expired"``, ``"purged"``, ...).
     """
 
     block_ids: tuple[int, ...]
@@ -109,9 +124,18 @@ class BlocksZeroized(NamedTuple):
 
 
 #: Any event the pool emits.
-PoolEvent = BlocksAllocated | BlocksKeyed | BlocksHit | BlocksEvicted | BlocksZeroized
+PoolEvent = (
+    BlocksAllocated | BlocksKeyed | BlocksHit | BlocksCached | BlocksEvicted | BlocksZeroized
+)
 
-for _event in (BlocksAllocated, BlocksKeyed, BlocksHit, BlocksEvicted, BlocksZeroized):
+for _event in (
+    BlocksAllocated,
+    BlocksKeyed,
+    BlocksHit,
+    BlocksCached,
+    BlocksEvicted,
+    BlocksZeroized,
+):
     setattr(_event, "__eq__", _same_type_eq)  # noqa: B010 - NamedTuple bodies take no dunders
     setattr(_event, "__ne__", _same_type_ne)  # noqa: B010
     setattr(_event, "__hash__", _typed_hash)  # noqa: B010

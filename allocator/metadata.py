@@ -28,8 +28,6 @@ __all__ = [
     "state_of",
 ]
 
-_INF = float("inf")
-
 
 class BlockState(IntEnum):
     """Life-cycle state of a block (see DESIGN.md)::
@@ -104,12 +102,6 @@ class BlockTable:
     # Eviction priority 0..100 (lower goes first), set by set_keys with the key.
     # Meaningful only while the block is keyed.
     priority: bytearray
-    # Seconds the block may stay CACHED, or None for no limit; set by set_keys with
-    # the key. Meaningful only while the block is keyed.
-    ttl: list[float | None]
-    # Pool-clock time at which a CACHED block expires. Set by free when a block with
-    # a ttl becomes CACHED; meaningful only while CACHED with a ttl.
-    deadline: list[float]
 
     @classmethod
     def create(cls, num_blocks: int) -> BlockTable:
@@ -125,6 +117,4 @@ class BlockTable:
             count=[FREE_CODE] * num_blocks,
             key=[None] * num_blocks,
             priority=bytearray([DEFAULT_PRIORITY]) * num_blocks,
-            ttl=[None] * num_blocks,
-            deadline=[_INF] * num_blocks,
         )

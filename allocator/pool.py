@@ -1,37 +1,21 @@
-"""The paged KV block pool: :class:`BlockPool`."""
+"""The paged KV block pool: :class:`BlockPool`.
+
+The class is spread over three modules, each a step of one inheritance line:
+:mod:`~kvgov.allocator.pool_state` (the data structures, what reads them, the
+invariant check), :mod:`~kvgov.allocator.pool_erasure` (evict, revoke, zeroize,
+close) and this one (the hot paths: allocate, free, set_keys, lookup).
+"""
 
 from __future__ import annotations
 
-import heapq
-import math
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
-import torch
-
-from kvgov.allocator.events import (
-    BlocksAllocated,
-    BlocksEvicted,
-    BlocksHit,
-    BlocksKeyed,
-    BlocksZeroized,
-    PoolEvent,
-)
-from kvgov.allocator.eviction import EvictionQueue
-from kvgov.allocator.metadata import (
-    CACHED_CODE,
-    DIRTY_CODE,
-    FREE_CODE,
-    BlockState,
-    BlockTable,
-    state_of,
-)
-from kvgov.allocator.spec import KVSpec, positive_int
-from kvgov.allocator.zeroize import coalesce_runs, make_zeroizer
+from kvgov.allocator.events import BlocksAllocated, BlocksHit, BlocksKeyed
+from kvgov.allocator.metadata import CACHED_CODE, FREE_CODE
+from kvgov.allocator.pool_erasure import PoolErasure, Revoked
+from kvgov.allocator.pool_state import PoolCounts, _state_name
 from kvgov.defaults import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from kvgov.exceptions import (
     BlockStateError,
@@ -40,56 +24,12 @@ from kvgov.exceptions import (
     KeyAlreadySet,
     OutOfBlocks,
     PoolClosed,
-    UnknownBlock,
 )
 
 __all__ = ["BlockPool", "PoolCounts", "Revoked"]
 
 
-def _state_name(count: int) -> str:
-    return state_of(count).name
-
-
-@dataclass(frozen=True, slots=True)
-class PoolCounts:
-    """How many blocks are in each state; the four always sum to ``num_blocks``.
-
-    Attributes:
-        free: zeroed, ready to hand out.
-        owned: held by at least one sequence.
-        cached: unreferenced, keyed, evictable.
-        dirty: waiting for zeroization (non-zero only after a zeroization failure).
-    """
-
-    free: int
-    owned: int
-    cached: int
-    dirty: int
-
-
-@dataclass(frozen=True, slots=True)
-class Revoked:
-    """What :meth:`BlockPool.revoke` did.
-
-    Attributes:
-        evicted: CACHED blocks evicted, zeroized and FREE now, in the order given.
-        detached: OWNED keyed blocks whose key left the index; they are zeroized when
-            their last reference is freed.
-    """
-
-    evicted: tuple[int, ...]
-    detached: tuple[int, ...]
-
-
-def _word_dtype(bytes_per_block: int) -> torch.dtype:
-    """Widest integer type whose size divides a block, for byte-exact clears and checks."""
-    for dtype in (torch.int64, torch.int32, torch.int16):
-        if bytes_per_block % dtype.itemsize == 0:
-            return dtype
-    return torch.uint8
-
-
-class BlockPool:
+class BlockPool(PoolErasure):
     """A fixed pool of KV blocks in one tensor, with refcounts, a prefix key index,
     priority/LRU eviction and batched zeroization.
 
@@ -106,13 +46,18 @@ class BlockPool:
         block(i)        -> tensor[i]          [num_layers, 2, block_size, heads, dim]
         layer_view(l)   -> tensor[:, l]       [num_blocks, 2, block_size, heads, dim] (strided)
 
+    Retention is not the pool's: a caller that wants cached blocks to expire (the
+    governor does) reads BlocksCached events and calls :meth:`evict` with the
+    blocks whose deadline passed.
+
     Life cycle (``BlockState``): FREE -allocate-> OWNED -free-> CACHED (keyed and
-    ``cache=True``) or DIRTY; CACHED -lookup-> OWNED; CACHED -evict / expire /
-    revoke-> DIRTY; DIRTY -zeroize-> FREE. Zeroization is eager: a block is
-    zeroized in the same call that makes it DIRTY, batched per call (sorted,
-    adjacent ids coalesced, one ``zero_()`` per run), so freed KV bytes do not
-    linger. It stays DIRTY, never handed out, only if zeroization failed
-    (:class:`~kvgov.exceptions.ZeroizationError`); ``zeroize(ids)`` retries.
+    ``cache=True``) or DIRTY; CACHED -lookup-> OWNED; CACHED -evict (capacity,
+    or the caller's ``evict`` / ``revoke``)-> DIRTY; DIRTY -zeroize-> FREE.
+    Zeroization is eager: a block is zeroized in the same call that makes it
+    DIRTY, batched per call (sorted, adjacent ids coalesced, one ``zero_()`` per
+    run), so freed KV bytes do not linger. It stays DIRTY, never handed out,
+    only if zeroization failed (:class:`~kvgov.exceptions.ZeroizationError`);
+    ``zeroize(ids)`` retries.
 
     Data structures (all O(1) per block, no per-block Python object on any hot path):
 
@@ -124,9 +69,6 @@ class BlockPool:
       the middle on a prefix hit).
     * Key index: a ``dict`` from key to block id.
     * Per-block metadata: parallel arrays (:class:`~kvgov.allocator.metadata.BlockTable`).
-    * TTL deadlines: a heap of ``(deadline, block_id)``; stale entries (block
-      hit or evicted since) are skipped when popped and the heap is rebuilt when
-      it outgrows twice the pool.
 
     Invariants (checked by :meth:`_check_invariants`; a violation is a bug):
 
@@ -154,117 +96,11 @@ class BlockPool:
         num_blocks: blocks in the pool (> 0).
         device: where the tensor lives (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device).
         verify: read every zeroized run back and raise ZeroizationError if not all zero.
-        clock: the time source for TTL deadlines (seconds, monotonic).
 
     Raises:
         InvalidSpec: ``spec`` is not a KVSpec, ``num_blocks`` not a positive int, or
             ``device`` not a device torch knows.
     """
-
-    def __init__(
-        self,
-        spec: KVSpec,
-        num_blocks: int,
-        device: str | torch.device = "cpu",
-        *,
-        verify: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if not isinstance(spec, KVSpec):
-            raise InvalidSpec("spec", spec, "must be an allocator.KVSpec")
-        num_blocks = positive_int("num_blocks", num_blocks)
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidSpec("device", device, f"not a torch device: {exc}") from exc
-        self._spec = spec
-        self._num_blocks = num_blocks
-        self._bytes_per_block = spec.bytes_per_block
-        self._clock = clock
-        # torch.zeros: a fresh pool never exposes another allocation's bytes.
-        self._tensor = torch.zeros((num_blocks, *spec.block_shape), dtype=spec.dtype, device=dev)
-        self._device = self._tensor.device
-        self._device_name = str(self._device)
-        words = self._tensor.view(num_blocks, -1).view(torch.uint8)
-        self._words = words.view(_word_dtype(self._bytes_per_block))
-        self._zeroizer = make_zeroizer(self._words, verify)
-        self._meta = BlockTable.create(num_blocks)
-        # FREE stack; reversed so that a fresh pool hands out 0, 1, 2, ...
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._queue = EvictionQueue()
-        self._index: dict[bytes, int] = {}
-        self._expiry: list[tuple[float, tuple[int, ...]]] = []
-        self._dirty = 0
-        # OWNED blocks whose key was revoked: unkeyed, refuse a new key, zeroized on
-        # their last free. A set, because it is almost always empty.
-        self._detached: set[int] = set()
-        self._events: list[PoolEvent] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def spec(self) -> KVSpec:
-        """The KV layout of every block."""
-        return self._spec
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool."""
-        return self._num_blocks
-
-    @property
-    def device(self) -> torch.device:
-        """The device the pool tensor lives on (with its index for CUDA)."""
-        return self._device
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one block (``spec.bytes_per_block``)."""
-        return self._bytes_per_block
-
-    # ------------------------------------------------------------------ views
-
-    def block(self, block_id: int) -> torch.Tensor:
-        """Return the view of one block, to write KV into or read it from.
-
-        Args:
-            block_id: the block.
-
-        Returns:
-            A view ``[num_layers, 2, block_size, num_kv_heads, head_dim]`` sharing the
-            pool's memory.
-
-        Raises:
-            UnknownBlock: not a block id of this pool.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            self._id(block_id)
-            return self._tensor[block_id]
-
-    def layer_view(self, layer: int) -> torch.Tensor:
-        """Return one layer of every block, the shape a paged attention kernel reads.
-
-        Args:
-            layer: layer index, ``0 <= layer < spec.num_layers``.
-
-        Returns:
-            A strided view ``[num_blocks, 2, block_size, num_kv_heads, head_dim]``.
-
-        Raises:
-            InvalidSpec: ``layer`` is not a layer index.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            if type(layer) is not int or not 0 <= layer < self._spec.num_layers:
-                raise InvalidSpec(
-                    "layer", layer, f"must be an int in 0..{self._spec.num_layers - 1}"
-                )
-            return self._tensor[:, layer]
 
     # ------------------------------------------------------------------ hot paths
 
@@ -322,8 +158,9 @@ class BlockPool:
         A block whose last reference goes becomes CACHED if it carries a key and
         ``cache`` is true (appended at the most-recently-used end, in the order
         given: pass a sequence's blocks tail first to have its tail evicted
-        first); otherwise its key is dropped, it goes DIRTY and the call zeroizes
-        all such blocks in one batch before returning.
+        first; one BlocksCached event lists them); otherwise its key is dropped,
+        it goes DIRTY and the call zeroizes all such blocks in one batch before
+        returning.
 
         Args:
             block_ids: blocks to release; an id may repeat up to its ref count.
@@ -400,7 +237,6 @@ class BlockPool:
         keys: Sequence[bytes],
         *,
         priority: int = DEFAULT_PRIORITY,
-        ttl: float | None = None,
     ) -> list[bool]:
         """Give OWNED blocks their (write-once) cache keys and index them.
 
@@ -408,8 +244,6 @@ class BlockPool:
             block_ids: OWNED, unkeyed blocks (no repeats).
             keys: one non-empty ``bytes`` key per block.
             priority: eviction priority 0..100 once CACHED (lower is evicted first).
-            ttl: seconds a block may stay CACHED (its deadline is the pool clock when it
-                becomes CACHED plus ``ttl``), or None for no limit.
 
         Returns:
             Per block, True if its key was indexed; False if another block already
@@ -417,8 +251,8 @@ class BlockPool:
             block then stays unkeyed and is zeroized when freed.
 
         Raises:
-            InvalidSpec: lengths differ, a key is not non-empty bytes, ``priority`` is
-                not an int in 0..100, or ``ttl`` is negative or not a finite number.
+            InvalidSpec: lengths differ, a key is not non-empty bytes, or ``priority`` is
+                not an int in 0..100.
             UnknownBlock: an id is not a block of this pool.
             BlockStateError: a block is not OWNED.
             KeyAlreadySet: a block already has (or had, before a revoke) a key, or
@@ -429,13 +263,6 @@ class BlockPool:
             raise InvalidSpec(
                 "priority", priority, f"must be an int in {MIN_PRIORITY}..{MAX_PRIORITY}"
             )
-        if ttl is not None and (
-            isinstance(ttl, bool)
-            or not isinstance(ttl, int | float)
-            or not math.isfinite(ttl)
-            or ttl < 0
-        ):
-            raise InvalidSpec("ttl", ttl, "must be None or a finite number of seconds >= 0")
         with self._lock:
             if self._closed:
                 raise PoolClosed()
@@ -467,7 +294,6 @@ class BlockPool:
                         raise InvalidSpec("key", k, "a cache key must be non-empty bytes")
             index = self._index
             prio = meta.priority
-            ttls = meta.ttl
             out: list[bool] = []
             keyed: list[int] = []
             for b, k in zip(ids, ks, strict=True):
@@ -477,7 +303,6 @@ class BlockPool:
                 index[k] = b
                 bkeys[b] = k
                 prio[b] = priority
-                ttls[b] = ttl
                 keyed.append(b)
                 out.append(True)
             if keyed:
@@ -490,7 +315,6 @@ class BlockPool:
         key: bytes,
         *,
         priority: int = DEFAULT_PRIORITY,
-        ttl: float | None = None,
     ) -> bool:
         """Key one block: :meth:`set_keys` for a single block.
 
@@ -498,7 +322,6 @@ class BlockPool:
             block_id: an OWNED, unkeyed block.
             key: its non-empty cache key.
             priority: eviction priority 0..100.
-            ttl: seconds it may stay CACHED, or None.
 
         Returns:
             True if the key was indexed, False if another block holds it.
@@ -510,7 +333,7 @@ class BlockPool:
             KeyAlreadySet: as :meth:`set_keys`.
             PoolClosed: the pool was closed.
         """
-        return self.set_keys([block_id], [key], priority=priority, ttl=ttl)[0]
+        return self.set_keys([block_id], [key], priority=priority)[0]
 
     def lookup(self, keys: Iterable[bytes]) -> list[int]:
         """Find the longest leading run of keys that are indexed, taking a reference on each.
@@ -556,489 +379,3 @@ class BlockPool:
             if out:
                 self._events.append(BlocksHit(tuple(out)))
             return out
-
-    # ------------------------------------------------------------------ erasure
-
-    def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
-        """Make blocks unreachable by key now (purge, invalidation, secret rotation).
-
-        CACHED blocks are evicted (key dropped, DIRTY, zeroized in one batch:
-        BlocksEvicted with ``reason``, then BlocksZeroized). OWNED keyed blocks
-        have their key removed from the index (no lookup finds them) and are
-        zeroized when their last reference is freed. Other blocks are ignored.
-
-        Args:
-            block_ids: blocks to revoke; repeats are ignored.
-            reason: why, recorded in BlocksEvicted (e.g. ``"purged"``, ``"invalidated"``,
-                ``"secret_rotated"``).
-
-        Returns:
-            Which blocks were evicted and which detached.
-
-        Raises:
-            InvalidSpec: ``reason`` is not a non-empty string.
-            UnknownBlock: an id is not a block of this pool.
-            ZeroizationError: an evicted block failed verification (it stays DIRTY).
-            PoolClosed: the pool was closed.
-        """
-        if not isinstance(reason, str) or not reason:
-            raise InvalidSpec("reason", reason, "must be a non-empty string")
-        with self._lock:
-            if self._closed:
-                raise PoolClosed()
-            ids = list(block_ids)
-            self._ids(ids)
-            meta = self._meta
-            count = meta.count
-            keys = meta.key
-            prio = meta.priority
-            evicted: list[int] = []
-            detached: list[int] = []
-            for b in ids:
-                c = count[b]
-                if c == CACHED_CODE:
-                    self._queue.remove(b, prio[b])
-                    count[b] = FREE_CODE  # see _zeroize; a repeat of b is ignored
-                    evicted.append(b)
-                elif c > 0:
-                    k = keys[b]
-                    if k is not None:
-                        del self._index[k]
-                        keys[b] = None
-                        self._detached.add(b)
-                        detached.append(b)
-            if evicted:
-                self._drop_cached(evicted, reason)
-            return Revoked(evicted=tuple(evicted), detached=tuple(detached))
-
-    def expire(self, now: float | None = None) -> list[int]:
-        """Evict (reason ``"expired"``) every CACHED block whose deadline is ``<= now``.
-
-        Args:
-            now: the time to compare deadlines with; default the pool clock.
-
-        Returns:
-            The evicted blocks, earliest deadline first (all zeroized and FREE now).
-
-        Raises:
-            InvalidSpec: ``now`` is not a number.
-            ZeroizationError: an evicted block failed verification (it stays DIRTY).
-            PoolClosed: the pool was closed.
-        """
-        if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)):
-            raise InvalidSpec("now", now, "must be None or a number (pool clock seconds)")
-        with self._lock:
-            if self._closed:
-                raise PoolClosed()
-            t = self._clock() if now is None else now
-            heap = self._expiry
-            meta = self._meta
-            count = meta.count
-            deadline = meta.deadline
-            prio = meta.priority
-            out: list[int] = []
-            while heap and heap[0][0] <= t:
-                d, group = heapq.heappop(heap)
-                for b in group:
-                    if count[b] == CACHED_CODE and deadline[b] == d:
-                        self._queue.remove(b, prio[b])
-                        count[b] = FREE_CODE  # see _zeroize; a stale duplicate is skipped
-                        out.append(b)
-            if out:
-                self._drop_cached(out, "expired")
-            return out
-
-    def zeroize(self, block_ids: Iterable[int]) -> None:
-        """Zeroize DIRTY or FREE blocks now (erasure evidence, or a retry after a failure).
-
-        DIRTY blocks become FREE; FREE blocks are cleared again. One batch, one
-        BlocksZeroized event.
-
-        Args:
-            block_ids: DIRTY or FREE blocks; repeats are cleared once.
-
-        Raises:
-            UnknownBlock: an id is not a block of this pool.
-            BlockStateError: a block is OWNED or CACHED (free or revoke it first).
-            ZeroizationError: a block failed verification; every block of the batch
-                is left DIRTY and will not be handed out.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            if self._closed:
-                raise PoolClosed()
-            ids = list(block_ids)
-            self._ids(ids)
-            count = self._meta.count
-            for b in ids:
-                if count[b] >= CACHED_CODE:
-                    raise BlockStateError(b, _state_name(count[b]), "zeroize")
-            uniq = list(set(ids))
-            if not uniq:
-                return
-            was_dirty = [b for b in uniq if count[b] == DIRTY_CODE]
-            if len(was_dirty) < len(uniq):
-                # FREE ones come off the free stack first: if clearing fails they
-                # must not be handed out.
-                was_free = set(uniq).difference(was_dirty)
-                self._free[:] = [b for b in self._free if b not in was_free]
-            for b in was_dirty:
-                count[b] = FREE_CODE  # see _zeroize
-            self._dirty -= len(was_dirty)
-            self._zeroize(uniq)
-
-    # ------------------------------------------------------------------ introspection
-
-    def take_events(self) -> list[PoolEvent]:
-        """Return and clear the events emitted since the last call, oldest first.
-
-        Still works after :meth:`close`, so the closing evidence can be drained.
-
-        Returns:
-            The events.
-        """
-        with self._lock:
-            events = self._events
-            self._events = []
-            return events
-
-    def state(self, block_id: int) -> BlockState:
-        """Return a block's state.
-
-        Args:
-            block_id: the block.
-
-        Returns:
-            Its :class:`BlockState`.
-
-        Raises:
-            UnknownBlock: not a block id of this pool.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            self._id(block_id)
-            return state_of(self._meta.count[block_id])
-
-    def ref_count(self, block_id: int) -> int:
-        """Return how many references a block has (> 0 iff OWNED).
-
-        Args:
-            block_id: the block.
-
-        Returns:
-            The count.
-
-        Raises:
-            UnknownBlock: not a block id of this pool.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            self._id(block_id)
-            return max(self._meta.count[block_id], 0)
-
-    def key(self, block_id: int) -> bytes | None:
-        """Return a block's cache key, or None if it has none (or it was revoked).
-
-        Args:
-            block_id: the block.
-
-        Returns:
-            The key.
-
-        Raises:
-            UnknownBlock: not a block id of this pool.
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            self._id(block_id)
-            return self._meta.key[block_id]
-
-    def counts(self) -> PoolCounts:
-        """Return how many blocks are in each state.
-
-        Returns:
-            The counts.
-
-        Raises:
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            free = len(self._free)
-            cached = len(self._queue)
-            dirty = self._dirty
-            return PoolCounts(
-                free=free,
-                owned=self._num_blocks - free - cached - dirty,
-                cached=cached,
-                dirty=dirty,
-            )
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran."""
-        return self._closed
-
-    # ------------------------------------------------------------------ shutdown
-
-    def close(self) -> None:
-        """Zeroize the whole pool tensor, then release it.
-
-        PyTorch's caching allocator keeps freed device memory inside the process
-        and hands it to the next tensor, so the bytes are cleared before the
-        tensor is dropped. CACHED blocks are reported evicted (reason
-        ``"closed"``), then one BlocksZeroized covers every block. Views obtained
-        earlier with :meth:`block` keep the (now zero) storage alive until they
-        are dropped. Every later call except :meth:`take_events` and ``close``
-        (a no-op) raises PoolClosed.
-
-        Raises:
-            ZeroizationError: the pool read back non-zero (the pool is closed anyway).
-        """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                if self._queue:
-                    order = self._queue.pop(len(self._queue))
-                    keys = self._meta.key
-                    self._events.append(
-                        BlocksEvicted(tuple(order), tuple(keys[b] or b"" for b in order), "closed")
-                    )
-                nb = self._num_blocks
-                seconds = self._zeroizer.zeroize([(0, nb)])
-                self._events.append(
-                    BlocksZeroized(
-                        tuple(range(nb)), nb * self._bytes_per_block, self._device_name, seconds
-                    )
-                )
-            finally:
-                self._release()
-
-    def _release(self) -> None:
-        """Drop every reference the pool holds to its tensor and metadata."""
-        empty = torch.empty(0, dtype=self._spec.dtype, device=self._device)
-        self._tensor = empty
-        self._words = empty.view(torch.uint8).view(1, 0)
-        self._zeroizer = make_zeroizer(self._words, False)
-        self._meta = BlockTable.create(0)
-        self._free = []
-        self._queue = EvictionQueue()
-        self._index = {}
-        self._expiry = []
-        self._dirty = 0
-        self._detached = set()
-
-    # ------------------------------------------------------------------ internals
-
-    def _open(self) -> None:
-        if self._closed:
-            raise PoolClosed()
-
-    def _id(self, b: object) -> None:
-        if type(b) is not int or not 0 <= b < self._num_blocks:
-            raise UnknownBlock(b, self._num_blocks)
-
-    def _ids(self, ids: list[int]) -> None:
-        nb = self._num_blocks
-        for b in ids:
-            if type(b) is not int or not 0 <= b < nb:
-                raise UnknownBlock(b, nb)
-
-    def _owned(self, ids: list[int], operation: str) -> list[int]:
-        """Return the count of each id (non-empty batch); raise unless all are OWNED ints.
-
-        The check is a few C-level passes over the batch; only a batch that fails
-        it is walked in Python to name the first offending id.
-        """
-        count = self._meta.count
-        try:
-            ok = set(map(type, ids)) == {int} and min(ids) >= 0
-            counts = list(map(count.__getitem__, ids)) if ok else []
-            ok = ok and min(counts) > 0
-        except IndexError:
-            ok = False
-        if not ok:
-            self._ids(ids)
-            for b in ids:
-                if count[b] <= 0:
-                    raise BlockStateError(b, _state_name(count[b]), operation)
-            raise InternalError("batch failed the OWNED check but no block is at fault")
-        return counts
-
-    def _cache(self, blocks: list[int]) -> None:
-        """Blocks whose count just reached CACHED_CODE: queue them, start their TTLs."""
-        meta = self._meta
-        self._queue.extend(blocks, meta.priority)
-        ttls = meta.ttl
-        wanted = list(map(ttls.__getitem__, blocks))
-        if wanted.count(None) == len(wanted):
-            return
-        # One heap entry per (deadline, batch), not per block: the blocks a sequence
-        # frees share a TTL, so a 1,000-block release is one push instead of 1,000.
-        groups: dict[float, list[int]] = {}
-        if wanted.count(wanted[0]) == len(wanted):
-            groups[wanted[0]] = blocks  # type: ignore[index]
-        else:
-            for b, t in zip(blocks, wanted, strict=True):
-                if t is not None:
-                    groups.setdefault(t, []).append(b)
-        deadline = meta.deadline
-        heap = self._expiry
-        now = self._clock()
-        for t, group in groups.items():
-            d = now + t
-            for b in group:
-                deadline[b] = d
-            heapq.heappush(heap, (d, tuple(group)))
-        if len(heap) > 2 * self._num_blocks + 64:
-            self._rebuild_expiry()
-
-    def _rebuild_expiry(self) -> None:
-        """Drop stale heap entries: one entry per deadline shared by CACHED blocks with a TTL."""
-        meta = self._meta
-        ttls = meta.ttl
-        deadline = meta.deadline
-        groups: dict[float, list[int]] = {}
-        for b in self._queue:
-            if ttls[b] is not None:
-                groups.setdefault(deadline[b], []).append(b)
-        heap = [(d, tuple(group)) for d, group in groups.items()]
-        heapq.heapify(heap)
-        self._expiry = heap
-
-    def _drop_cached(self, blocks: list[int], reason: str, *, push: bool = True) -> list[int]:
-        """Blocks just taken out of the eviction queue: drop their keys, zeroize them
-        (see :meth:`_zeroize` for ``push`` and what is returned)."""
-        count = self._meta.count
-        keys = self._meta.key
-        index = self._index
-        found: list[bytes | None] = list(map(keys.__getitem__, blocks))
-        if None in found:
-            raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
-        dropped: list[bytes] = found  # type: ignore[assignment]  # None excluded just above
-        for k in dropped:
-            del index[k]
-        for b in blocks:
-            keys[b] = None
-            count[b] = FREE_CODE  # see _zeroize
-        self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))
-        return self._zeroize(blocks, push=push)
-
-    def _zeroize(self, blocks: list[int], *, push: bool = True) -> list[int]:
-        """Clear distinct blocks that left every structure, then put them on the free stack.
-
-        The caller has already taken the blocks out of the key index and the
-        eviction queue and set their count to FREE_CODE (the state they are in
-        once this returns; nobody can observe the moment between, the lock is
-        held). If clearing fails in any way they are re-marked DIRTY and counted,
-        so they are never handed out, and the error propagates.
-
-        Returns the blocks ascending. ``push=False`` leaves them off the free stack:
-        only for an ``allocate`` that hands every one of them out in the same call.
-        """
-        ordered = sorted(blocks)
-        try:
-            seconds = self._zeroizer.zeroize(coalesce_runs(ordered))
-        except BaseException:
-            count = self._meta.count
-            for b in ordered:
-                count[b] = DIRTY_CODE
-            self._dirty += len(ordered)
-            raise
-        if push:
-            # Pushed descending so the next allocate hands them out ascending.
-            self._free.extend(reversed(ordered))
-        self._events.append(
-            BlocksZeroized(
-                tuple(ordered), len(ordered) * self._bytes_per_block, self._device_name, seconds
-            )
-        )
-        return ordered
-
-    def _check_invariants(self, *, check_zero: bool = False) -> None:
-        """Check every invariant in the class docstring; raise InternalError on the first broken.
-
-        Args:
-            check_zero: also read every FREE block back and check it is all zero (slow).
-
-        Raises:
-            InternalError: an invariant does not hold (a bug in kvgov).
-            PoolClosed: the pool was closed.
-        """
-        with self._lock:
-            self._open()
-            nb = self._num_blocks
-            meta = self._meta
-            count = meta.count
-            keys = meta.key
-
-            def broken(what: str) -> InternalError:
-                return InternalError(f"pool invariant broken: {what}")
-
-            if not (
-                len(count)
-                == len(keys)
-                == len(meta.priority)
-                == len(meta.ttl)
-                == len(meta.deadline)
-                == nb
-            ):
-                raise broken("metadata arrays differ in length from num_blocks")
-            if min(count) < DIRTY_CODE:
-                raise broken("a block has an unknown count code")
-            n_free = count.count(FREE_CODE)
-            n_cached = count.count(CACHED_CODE)
-            n_dirty = count.count(DIRTY_CODE)
-            n_owned = sum(1 for c in count if c > 0)
-            if n_free + n_owned + n_cached + n_dirty != nb:
-                raise broken("state counts do not sum to num_blocks")
-            free = self._free
-            if len(free) != n_free or len(set(free)) != len(free):
-                raise broken(f"free stack holds {len(free)} ids for {n_free} FREE blocks")
-            for b in free:
-                if count[b] != FREE_CODE:
-                    raise broken(f"block {b} is on the free stack but {_state_name(count[b])}")
-            if len(self._queue) != n_cached:
-                raise broken(f"eviction queue holds {len(self._queue)} for {n_cached} CACHED")
-            queued: set[int] = set()
-            for p, level in self._queue.levels().items():
-                if not level:
-                    raise broken(f"empty eviction level {p}")
-                for b in level:
-                    if count[b] != CACHED_CODE or meta.priority[b] != p or b in queued:
-                        raise broken(f"block {b} queued at priority {p} wrongly")
-                    queued.add(b)
-            if len(queued) != n_cached:
-                raise broken("eviction queue does not hold exactly the CACHED blocks")
-            if self._dirty != n_dirty:
-                raise broken(f"dirty counter {self._dirty} but {n_dirty} DIRTY blocks")
-            index = self._index
-            for b in range(nb):
-                c = count[b]
-                k = keys[b]
-                if k is not None and (c < CACHED_CODE or index.get(k) != b):
-                    raise broken(f"block {b} holds a key but is {_state_name(c)} or unindexed")
-                if c == CACHED_CODE and k is None:
-                    raise broken(f"CACHED block {b} has no key")
-                if meta.priority[b] > MAX_PRIORITY:
-                    raise broken(f"block {b} has priority {meta.priority[b]}")
-            for b in self._detached:
-                if count[b] <= 0 or keys[b] is not None:
-                    raise broken(f"detached block {b} is {_state_name(count[b])} or keyed")
-            for k, b in index.items():
-                if keys[b] != k or count[b] < CACHED_CODE:
-                    raise broken(f"key index maps to block {b} which does not hold that key")
-            live = {(d, b) for d, group in self._expiry for b in group}
-            for b in queued:
-                if meta.ttl[b] is not None and (meta.deadline[b], b) not in live:
-                    raise broken(f"CACHED block {b} has a TTL but no expiry entry")
-            if check_zero and free:
-                words = self._words
-                for a, z in coalesce_runs(sorted(free)):
-                    if bool(words[a:z].any()):
-                        raise broken(f"a FREE block in {a}..{z - 1} holds non-zero bytes")

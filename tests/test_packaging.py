@@ -8,6 +8,7 @@ break, or be broken by, any environment that has one of those projects.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,11 +18,18 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 LAYERS = ("allocator", "audit", "govern", "policy", "migrations")
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # build from a copy, so setuptools' build/ and egg-info never land in the checkout
+    src = tmp_path_factory.mktemp("src")
+    for name in ("kvgov", *LAYERS):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=_IGNORE)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
     subprocess.run(
         [
             sys.executable,
@@ -34,7 +42,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--disable-pip-version-check",
             "-w",
             str(out),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         capture_output=True,

@@ -37,13 +37,11 @@ def test_state_of_refuses_unknown_codes() -> None:
 
 
 def test_table_starts_all_free_and_unkeyed() -> None:
-    """A new table has every block FREE, unkeyed, at the default priority, without TTL."""
+    """A new table has every block FREE, unkeyed, at the default priority."""
     table = BlockTable.create(4)
     assert table.count == [FREE_CODE] * 4
     assert table.key == [None] * 4
     assert list(table.priority) == [DEFAULT_PRIORITY] * 4
-    assert table.ttl == [None] * 4
-    assert all(d == float("inf") for d in table.deadline)
 
 
 def test_table_uses_slots() -> None:

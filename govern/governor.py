@@ -1,0 +1,583 @@
+"""The pool-agnostic governor: policy, keys, owners, retention and audit for any block pool.
+
+A serving engine keeps its own block pool (vLLM's ``BlockPool`` lives in its
+scheduler, the KV tensors in its workers), so governance cannot live inside
+kvgov's pool. The :class:`Governor` holds everything that is governance and
+drives a pool only through :class:`~kvgov.govern.protocol.GovernedPool`::
+
+                      +------------------- Governor -------------------+
+    binding --------> | views      scope -> digest, namespaces         |
+    (GovernedKVCache, | policy     admission, sharing, retention       | --> audit
+     vLLM scheduler)  | deriver    scope -> keyed chain of block keys  |     (hash-chained)
+                      | owners     block -> the scope that wrote it    |
+                      | deadlines  block -> when it expires            |
+                      | counters   per tenant                          |
+                      +------------------------------------------------+
+                                |  allocate, free, lookup, set_keys,
+                                v  evict, revoke, take_events
+                           a GovernedPool (kvgov's BlockPool, vLLM's via an adapter)
+
+A binding admits a request in named steps, each a method here: ``decide``,
+``plan``, ``find_hits``, (the binding allocates), ``key_blocks``,
+``record_admission``; after every pool call it ``drain``s the pool's events,
+which turns them into owners, deadlines, counters and audit events. Erasure
+and maintenance (``purge_tenant``, ``invalidate``, ``rotate_secret``,
+``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure` and are reached
+through the methods of the same names.
+
+Thread safety: one re-entrant lock (:attr:`lock`). A binding holds it around
+every step of a request; the erasure and maintenance methods take it
+themselves. The pool, the policy client and the audit log are used only under
+it (the audit log's writer thread works off its own queue).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
+from kvgov.audit import AuditEvent, AuditLog, EventType
+from kvgov.exceptions import InternalError, PolicyDenied, PoolClosed, TenantPurging
+from kvgov.policy import AdmissionDecision, Decision, PolicyClient, SharingDecision
+
+from .keys import KeyDeriver
+from .logs import get_logger
+from .ownership import Owners
+from .plan import KeyPlan, plan_keys, unkeyed_plan
+from .protocol import GovernedPool
+from .retention import Deadlines
+from .scope import CacheScope
+from .sharing import judge_hits
+from .stats import CacheStats, _sum, _TenantCounters
+from .views import ScopeView, ScopeViews
+
+__all__ = ["Governor", "LiveSequence"]
+
+_log = get_logger()
+
+
+class LiveSequence(Protocol):
+    """What the governor needs of a binding's running sequence (purge, invalidation)."""
+
+    @property
+    def seq_id(self) -> str:
+        """The caller's id."""
+        ...
+
+    @property
+    def scope(self) -> CacheScope:
+        """The scope it was admitted under."""
+        ...
+
+    #: Whether its full blocks may still be cached at release; erasure clears it.
+    cacheable: bool
+
+
+class Governor:
+    """Governance of one block pool: every reuse scoped, policy-decided and audited.
+
+    Invariants (checked by :meth:`_check_invariants`, beyond the pool's own):
+
+    * a block is found by key only in the namespace (tenant or share group)
+      that keyed it, and every key commits to the full scope but the tenant
+      (see :mod:`kvgov.govern.keys`);
+    * a hit on a block another tenant owns is used only if the sharing policy
+      allows that requester and owner, and is audited;
+    * a block's owner is the scope that wrote it while it is OWNED, CACHED or
+      DIRTY, and None while it is FREE;
+    * every CACHED block with a retention has a pending deadline;
+    * nothing happens unaudited: when the audit trail cannot be written,
+      operations raise :class:`kvgov.exceptions.AuditUnavailable`.
+
+    Args:
+        pool: the block pool, through the protocol.
+        policy: the policy client (decision cache inside).
+        audit: the audit log.
+        deriver: the key deriver holding the secret.
+        block_size: tokens per block.
+        clock: seconds since the epoch; retention and audit times read it.
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: GovernedPool,
+        policy: PolicyClient,
+        audit: AuditLog,
+        deriver: KeyDeriver,
+        block_size: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.audit = audit
+        self.deriver = deriver
+        self.block_size = block_size
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.views = ScopeViews(policy)
+        self.owners = Owners(pool.num_blocks)
+        self.deadlines = Deadlines(pool.num_blocks, clock)
+        self.counters: defaultdict[str, _TenantCounters] = defaultdict(_TenantCounters)
+        self.unattributed = _TenantCounters()
+        self.purging: set[str] = set()
+        self.closed = False
+
+    # ------------------------------------------------------------------ admission steps
+
+    def check_open(self) -> None:
+        """Raise PoolClosed once :meth:`close` ran."""
+        if self.closed:
+            raise PoolClosed()
+
+    def check_not_purging(self, tenant: str) -> None:
+        """Raise TenantPurging while the tenant is being erased."""
+        if tenant in self.purging:
+            raise TenantPurging(tenant)
+
+    def decide(
+        self, view: ScopeView, seq_id: str, num_tokens: int, priority: int | None
+    ) -> AdmissionDecision:
+        """Ask the admission policy; a refusal is counted, audited and raised.
+
+        Raises:
+            PolicyDenied: the policy refused (or failed closed).
+        """
+        adm = self.policy.admission(view.fields, num_tokens, priority)
+        if adm.allow:
+            return adm
+        decision = adm.decision
+        self.counters[view.scope.tenant].denials[
+            "policy_error" if decision.error else (adm.reason or "denied")
+        ] += 1
+        self.audit.record(
+            AuditEvent(
+                type=EventType.POLICY_ERROR if decision.error else EventType.POLICY_DENIED,
+                **view.fields,
+                sequence_id=seq_id,
+                token_count=num_tokens,
+                decision_id=decision.decision_id,
+                policy_revision=decision.bundle_revision,
+                details={
+                    "reason": adm.reason,
+                    "path": decision.path,
+                    "requested_priority": priority,
+                },
+            )
+        )
+        _log.info(
+            "admission_denied",
+            tenant=view.scope.tenant,
+            seq_id=seq_id,
+            reason=adm.reason,
+            decision_id=decision.decision_id,
+        )
+        raise PolicyDenied(decision.path, adm.reason, decision.decision_id)
+
+    def plan(
+        self, view: ScopeView, packed: bytes, cache: bool, public_prefix_tokens: int
+    ) -> KeyPlan:
+        """The admission's geometry and, if it may be cached, its namespaces, retention and keys."""
+        if not cache:
+            return unkeyed_plan(view, len(packed) // 4, self.block_size)
+        return plan_keys(
+            self.policy,
+            self.views,
+            self.deriver,
+            view,
+            packed,
+            self.block_size,
+            public_prefix_tokens,
+        )
+
+    def find_hits(self, view: ScopeView, plan: KeyPlan, packed: bytes, seq_id: str) -> list[int]:
+        """The longest cached prefix the scope may use, with a reference taken on each block.
+
+        Looks in the publish namespace, then the tenant's own and every readable
+        share group (a public prefix first where that scope publishes, then where
+        it may read); cuts the hit at the first block whose owner the sharing
+        policy refuses; audits the reuse.
+        """
+        if not plan.cacheable or not plan.max_hit:
+            return []
+        if plan.prefix_blocks:
+            hits = self._prefix_lookup(plan, packed)
+        else:
+            hits = self.pool.lookup(plan.keys[: plan.max_hit])
+            hits = self._longest_hit(hits, plan.read_roots, packed, view, plan.max_hit)
+        self.drain()
+        if not hits:
+            return hits
+        try:
+            keep = self._check_sharing(view, hits, seq_id, plan.prefix_view, plan.prefix_blocks)
+        except BaseException:
+            self.pool.free(hits)
+            self.drain()
+            raise
+        if keep < len(hits):
+            self.pool.free(hits[keep:])
+            self.drain()
+            del hits[keep:]
+        return hits
+
+    def key_blocks(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
+    ) -> None:
+        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their retention."""
+        indexed = self.pool.set_keys(block_ids, keys, priority=priority)
+        if indexed.count(True) == len(indexed):
+            self.deadlines.keyed(block_ids, ttl)
+        else:
+            self.deadlines.keyed([b for b, ok in zip(block_ids, indexed, strict=True) if ok], ttl)
+
+    def key_admitted(
+        self,
+        scope: CacheScope,
+        block_ids: Sequence[int],
+        first_new: int,
+        plan: KeyPlan,
+        priority: int,
+    ) -> None:
+        """Record the owner of an admission's new blocks and key its new full ones."""
+        prefix = plan.prefix_blocks
+        new_ids = block_ids[first_new:]
+        if first_new >= prefix or plan.prefix_view is None:
+            self.owners.assign(new_ids, scope)
+        else:
+            self.owners.assign(block_ids[first_new:prefix], plan.prefix_view.scope)
+            self.owners.assign(block_ids[prefix:], scope)
+        if not plan.cacheable:
+            return
+        if first_new < prefix:
+            self.key_blocks(
+                block_ids[first_new:prefix], plan.keys[first_new:prefix], priority, plan.prefix_ttl
+            )
+        start = max(first_new, prefix)
+        if plan.num_full > start:
+            self.key_blocks(
+                block_ids[start : plan.num_full],
+                plan.keys[start : plan.num_full],
+                priority,
+                plan.ttl,
+            )
+
+    def record_admission(
+        self,
+        view: ScopeView,
+        seq_id: str,
+        block_ids: Sequence[int],
+        plan: KeyPlan,
+        adm: AdmissionDecision,
+        requested_priority: int | None,
+        cached_tokens: int,
+    ) -> None:
+        """Count the admission and write its audit event."""
+        counters = self.counters[view.scope.tenant]
+        counters.requests += 1
+        counters.queried_tokens += plan.num_tokens
+        counters.hit_tokens += cached_tokens
+        decision = adm.decision
+        self.audit.record(
+            AuditEvent(
+                type=EventType.ADMISSION,
+                **view.fields,
+                sequence_id=seq_id,
+                block_ids=tuple(block_ids),
+                token_count=plan.num_tokens,
+                reused_tokens=cached_tokens,
+                decision_id=decision.decision_id,
+                policy_revision=decision.bundle_revision,
+                details={
+                    "cache": plan.cacheable,
+                    "priority": adm.priority,
+                    "reason": adm.reason,
+                    "requested_priority": requested_priority,
+                    "ttl_seconds": plan.ttl,
+                },
+            )
+        )
+
+    def record_end(
+        self,
+        view: ScopeView,
+        seq_id: str,
+        event_type: EventType,
+        *,
+        appended: Sequence[int],
+        num_tokens: int,
+        decision_id: str,
+        details: dict[str, Any],
+    ) -> None:
+        """Write the audit event of a sequence's end (release, cancel, orphan, close)."""
+        self.audit.record(
+            AuditEvent(
+                type=event_type,
+                **view.fields,
+                sequence_id=seq_id,
+                block_ids=tuple(appended),
+                token_count=num_tokens,
+                decision_id=decision_id,
+                details=details,
+            )
+        )
+
+    # ------------------------------------------------------------------ pool events
+
+    def drain(self) -> None:
+        """Turn the pool's events into deadlines, owners, counters and audit events."""
+        events = self.pool.take_events()
+        if not events:
+            return
+        for event in events:
+            if isinstance(event, BlocksCached):
+                self.deadlines.cached(event.block_ids)
+            elif isinstance(event, BlocksEvicted):
+                self._record_evicted(event)
+            elif isinstance(event, BlocksZeroized):
+                self._record_zeroized(event)
+
+    def _record_evicted(self, event: BlocksEvicted) -> None:
+        for scope, ids in self.owners.group(event.block_ids):
+            counters = self.counters[scope.tenant] if scope else self.unattributed
+            counters.evictions[event.reason] += len(ids)
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.EVICTION,
+                    **(self.views.view(scope).fields if scope else {}),
+                    block_ids=tuple(ids),
+                    details={"reason": event.reason},
+                )
+            )
+
+    def _record_zeroized(self, event: BlocksZeroized) -> None:
+        per_block = event.nbytes // len(event.block_ids) if event.block_ids else 0
+        # zeroized blocks are FREE now: their owner is read and cleared in one pass
+        for scope, ids in self.owners.group(event.block_ids, clear=True):
+            counters = self.counters[scope.tenant] if scope else self.unattributed
+            counters.blocks_zeroized += len(ids)
+            counters.bytes_zeroized += per_block * len(ids)
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.ZEROIZATION,
+                    tenant=scope.tenant if scope else None,
+                    block_ids=tuple(ids),
+                    details={
+                        "bytes": per_block * len(ids),
+                        "device": event.device,
+                        "seconds": event.seconds,
+                    },
+                )
+            )
+
+    # ------------------------------------------------------------------ hits
+
+    def _prefix_lookup(self, plan: KeyPlan, packed: bytes) -> list[int]:
+        """Longest hit for an admission with a public prefix; takes a reference on it only.
+
+        The prefix is looked up where the public scope publishes, then, if that
+        misses part of it, in every other namespace the public scope may read
+        (its tenant's own, its readable share groups); the rest of the prompt
+        only in the scope's own namespace, chained from its own prefix keys.
+        """
+        max_hit = plan.max_hit
+        best = self.pool.lookup(plan.keys[:max_hit])
+        span = min(plan.prefix_blocks, max_hit)
+        if len(best) >= span or plan.prefix_view is None:
+            return best
+        best = self._longest_hit(best, plan.prefix_read_roots, packed, plan.prefix_view, span)
+        if len(best) == span < max_hit:  # the whole prefix, found in another namespace
+            best += self.pool.lookup(plan.keys[span:max_hit])
+        return best
+
+    def _longest_hit(
+        self,
+        best: list[int],
+        roots: tuple[bytes, ...],
+        packed: bytes,
+        view: ScopeView,
+        count: int,
+    ) -> list[int]:
+        """The longest of ``best`` and the hits of the first ``count`` blocks in each root.
+
+        Chains of namespaces other than the publish one are derived only here and
+        only until a hit covers all ``count`` blocks, so a scope without share
+        groups pays for one chain; every hit but the longest is given back, so a
+        reference is held on the returned blocks only.
+        """
+        pool = self.pool
+        for root in roots:
+            if len(best) == count:
+                break
+            chain = self.deriver.derive_chain(root, packed, view.digest, self.block_size, count)
+            found = pool.lookup(chain)
+            if len(found) > len(best):
+                best, found = found, best
+            if found:
+                pool.free(found)
+        return best
+
+    def _check_sharing(
+        self,
+        view: ScopeView,
+        hit_ids: list[int],
+        seq_id: str,
+        prefix_view: ScopeView | None,
+        prefix_blocks: int,
+    ) -> int:
+        """How many leading hit blocks the sharing policy lets the requester use; audits.
+
+        Gives nothing back itself: :meth:`find_hits` frees the blocks past the cut,
+        or every hit block if this raises.
+        """
+        requester = view.scope.tenant
+        groups = self.owners.group(hit_ids)
+        keep = len(hit_ids)
+        granted: dict[tuple[CacheScope, CacheScope], Decision] = {}
+        if not all(o is not None and o.tenant == requester for o, _ in groups):
+            verdict = judge_hits(
+                self.policy,
+                self.views.view,
+                self.owners.table,
+                view,
+                hit_ids,
+                prefix_view,
+                prefix_blocks,
+            )
+            keep, granted = verdict.keep, verdict.granted
+            if keep < len(hit_ids):
+                groups = self.owners.group(hit_ids[:keep])
+            if verdict.denied is not None:
+                self._record_share_denied(requester, seq_id, *verdict.denied)
+        counters = self.counters[requester]
+        reused = self.block_size
+        for owner, ids in groups:
+            if owner is None:  # pragma: no cover - excluded by judge_hits
+                continue
+            fields = {**self.views.view(owner).fields, "requester_tenant": requester}
+            if owner.tenant == requester:
+                self.audit.record(
+                    AuditEvent(
+                        type=EventType.REUSE,
+                        **fields,
+                        sequence_id=seq_id,
+                        block_ids=tuple(ids),
+                        reused_tokens=len(ids) * reused,
+                    )
+                )
+                continue
+            counters.cross_tenant_reuses += 1
+            decision = next(d for (_, o), d in granted.items() if o == owner)
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.CROSS_TENANT_REUSE,
+                    **fields,
+                    sequence_id=seq_id,
+                    block_ids=tuple(ids),
+                    reused_tokens=len(ids) * reused,
+                    decision_id=decision.decision_id,
+                    policy_revision=decision.bundle_revision,
+                )
+            )
+        return keep
+
+    def _record_share_denied(
+        self, requester: str, seq_id: str, owner: CacheScope, share: SharingDecision
+    ) -> None:
+        self.counters[requester].cross_tenant_denied += 1
+        self.audit.record(
+            AuditEvent(
+                type=EventType.SHARE_DENIED,
+                **{**self.views.view(owner).fields, "requester_tenant": requester},
+                sequence_id=seq_id,
+                decision_id=share.decision.decision_id,
+                policy_revision=share.decision.bundle_revision,
+                details={"reason": share.reason},
+            )
+        )
+
+    # ------------------------------------------------------------------ observation and life
+
+    def stats(self, *, live_sequences: int, orphans_recovered: int) -> CacheStats:
+        """A consistent snapshot of every counter, per tenant and in total.
+
+        Args:
+            live_sequences: the binding's running sequences.
+            orphans_recovered: sequences the binding released as orphans.
+        """
+        with self.lock:
+            pool = self.pool
+            per_tenant: defaultdict[str, dict[str, int]] = defaultdict(
+                lambda: {"owned": 0, "cached": 0}
+            )
+            totals = {"free": 0, "owned": 0, "cached": 0, "dirty": 0}
+            if not self.closed:
+                held = self.owners.held()
+                table = self.owners.table
+                for b, state in zip(held, pool.states(held), strict=True):
+                    owner = table[b]
+                    if owner is None:  # pragma: no cover - held() lists owned entries only
+                        continue
+                    if state is BlockState.OWNED:
+                        per_tenant[owner.tenant]["owned"] += 1
+                    elif state is BlockState.CACHED:
+                        per_tenant[owner.tenant]["cached"] += 1
+                counts = pool.counts()
+                totals = {
+                    "free": counts.free,
+                    "owned": counts.owned,
+                    "cached": counts.cached,
+                    "dirty": counts.dirty,
+                }
+            tenants = {
+                name: c.freeze(per_tenant.get(name, {"owned": 0, "cached": 0}))
+                for name, c in sorted(self.counters.items())
+            }
+            total = _sum([*self.counters.values(), self.unattributed]).freeze(totals)
+            cache_stats = self.policy.cache_stats()
+            return CacheStats(
+                total=total,
+                tenants=tenants,
+                num_blocks=pool.num_blocks,
+                bytes_per_block=pool.bytes_per_block,
+                orphans_recovered=orphans_recovered,
+                live_sequences=live_sequences,
+                decision_cache_hits=cache_stats.hits,
+                decision_cache_misses=cache_stats.misses,
+                policy_revision=self.policy.bundle_revision,
+            )
+
+    def close(self) -> None:
+        """Mark the governor closed, then close the audit log and the policy client.
+
+        The binding ends its sequences and closes its pool (draining the last
+        events) before calling this. Idempotent.
+        """
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.audit.close()
+            finally:
+                self.policy.close()
+
+    def _check_invariants(self) -> None:
+        """Check the governor's invariants against the pool's states.
+
+        Raises:
+            InternalError: an invariant does not hold (a bug in kvgov).
+        """
+        with self.lock:
+            table = self.owners.table
+            everything = list(range(self.pool.num_blocks))
+            states = self.pool.states(everything)
+            for b, state in enumerate(states):
+                if (table[b] is None) != (state is BlockState.FREE):
+                    raise InternalError(f"block {b} is {state.name} but its owner is {table[b]!r}")
+            self.deadlines._check_invariants(
+                b for b, state in enumerate(states) if state is BlockState.CACHED
+            )

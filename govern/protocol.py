@@ -1,0 +1,85 @@
+"""The one small protocol through which the governor drives a block pool.
+
+kvgov's own :class:`~kvgov.allocator.BlockPool` satisfies it as it is; a
+serving engine's pool (vLLM's ``BlockPool``) satisfies it through an adapter in
+its binding. The governor never reaches past it: no tensors, no free queues,
+no engine internals.
+
+What a pool promises:
+
+* block ids are ints in ``0..num_blocks-1``;
+* ``allocate`` hands out only zeroed blocks, ``lookup`` takes a reference on
+  each block it returns and stops at the first miss, ``free`` drops one
+  reference per id and caches a keyed block on its last reference;
+* every block that leaves an owner (evicted, freed unkeyed, revoked) is
+  zeroized, or ordered zeroized where the bytes live elsewhere (another
+  process), and reported in a :class:`~kvgov.allocator.BlocksZeroized` event;
+* ``take_events`` returns what happened since the last call, in order, with
+  the event types of :mod:`kvgov.allocator.events`; the governor drains them
+  after every call that can emit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from kvgov.allocator import BlockState, PoolCounts, PoolEvent, Revoked
+
+__all__ = ["GovernedPool"]
+
+
+class GovernedPool(Protocol):
+    """A block pool the governor can drive (see the module docstring for its promises)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        ...
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of KV one block holds (what a zeroization clears)."""
+        ...
+
+    def allocate(self, n: int) -> list[int]:
+        """Hand out ``n`` zeroed blocks, evicting cached ones if needed; OutOfBlocks if not."""
+        ...
+
+    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
+        """Drop one reference per id; a keyed block's last one caches it if ``cache``."""
+        ...
+
+    def lookup(self, keys: Iterable[bytes]) -> list[int]:
+        """The blocks of the longest leading run of ``keys`` that hit, each with a reference."""
+        ...
+
+    def set_keys(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
+    ) -> list[bool]:
+        """Key OWNED blocks; per block, whether its key was indexed (False: a duplicate)."""
+        ...
+
+    def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
+        """Evict and zeroize the CACHED blocks among ``block_ids``; others are left alone."""
+        ...
+
+    def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
+        """Evict the CACHED blocks among ``block_ids``, unindex the OWNED keyed ones."""
+        ...
+
+    def states(self, block_ids: Sequence[int]) -> list[BlockState]:
+        """Per block, its state now (stats, invariant checks)."""
+        ...
+
+    def counts(self) -> PoolCounts:
+        """Blocks in each state."""
+        ...
+
+    def read_back_zero(self, block_ids: Sequence[int]) -> bool | None:
+        """Whether the blocks read back all zero; None where this process cannot read them."""
+        ...
+
+    def take_events(self) -> list[PoolEvent]:
+        """Events since the last call, oldest first."""
+        ...

@@ -1,0 +1,105 @@
+"""What the governor derives once per scope, and where a scope's blocks are keyed.
+
+A :class:`ScopeView` holds a scope's policy input, its digest and its tenant's
+namespace root, computed the first time the scope is seen; :class:`ScopeViews`
+caches them and answers which namespaces a scope publishes in and reads from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgov.exceptions import InvalidScope
+from kvgov.policy import PolicyClient
+
+from .keys import NamespaceRoot, ScopeDigest, namespace_root, scope_digest
+from .scope import CacheScope
+
+__all__ = ["ScopeView", "ScopeViews"]
+
+#: Views kept before the cache of them is cleared (a bound on memory, not a tuning knob:
+#: a deployment has far fewer distinct scopes).
+_MAX_VIEWS = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeView:
+    """What the governor derives once per scope.
+
+    Attributes:
+        scope: the scope.
+        fields: the scope as a dict: the policy input and the AuditEvent keyword
+            arguments.
+        digest: the scope digest (every field but the tenant).
+        own_root: the namespace root of the scope's tenant.
+    """
+
+    scope: CacheScope
+    fields: Mapping[str, Any]
+    digest: ScopeDigest
+    own_root: NamespaceRoot
+
+
+class ScopeViews:
+    """A cache of :class:`ScopeView` per scope and of namespace roots per share group.
+
+    Only the governor, under its lock, uses it.
+
+    Args:
+        policy: the policy client: its classifications are the labels a scope may
+            carry, its share groups say where a scope publishes and reads.
+    """
+
+    def __init__(self, policy: PolicyClient) -> None:
+        self._policy = policy
+        self._views: dict[CacheScope, ScopeView] = {}
+        self._group_roots: dict[str, NamespaceRoot] = {}
+        self._classifications = policy.classifications()
+
+    def view(self, scope: CacheScope) -> ScopeView:
+        """The view of ``scope``, derived on first sight.
+
+        Raises:
+            InvalidScope: the classification is unknown to the policy.
+        """
+        view = self._views.get(scope)
+        if view is not None:
+            return view
+        if scope.classification not in self._classifications:
+            raise InvalidScope(
+                "classification",
+                scope.classification,
+                f"unknown to the policy; known: {sorted(self._classifications)}",
+            )
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()
+        view = ScopeView(
+            scope=scope,
+            fields=scope.as_dict(),
+            digest=scope_digest(scope),
+            own_root=namespace_root("tenant", scope.tenant),
+        )
+        self._views[scope] = view
+        return view
+
+    def group_root(self, group: str) -> NamespaceRoot:
+        """The namespace root of a share group."""
+        root = self._group_roots.get(group)
+        if root is None:
+            root = self._group_roots[group] = namespace_root("group", group)
+        return root
+
+    def namespaces(self, view: ScopeView) -> tuple[bytes, tuple[bytes, ...]]:
+        """Where a scope's blocks are keyed, and the other namespaces it may find blocks in.
+
+        Returns:
+            The publish root (its tenant's namespace, or the share group the
+            policy lets it publish in) and the other roots it may read (its
+            tenant's own and every group it may read), each once.
+        """
+        groups = self._policy.share_groups(view.fields)
+        root = view.own_root if groups.publish is None else self.group_root(groups.publish)
+        readable = (view.own_root, *(self.group_root(g) for g in groups.read))
+        return root, tuple(dict.fromkeys(r for r in readable if r != root))
