@@ -68,6 +68,19 @@ def _word_dtype(bytes_per_block: int) -> torch.dtype:
     return torch.uint8
 
 
+def _check_device_present(asked: object, dev: torch.device) -> None:
+    """Refuse a CUDA device this machine does not have, before torch asserts on it."""
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise InvalidSpec(
+            "device", asked, "CUDA is not available on this machine; use device='cpu'"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise InvalidSpec("device", asked, f"this machine has {count} CUDA device(s)")
+
+
 class PoolState:
     """The data structures of a block pool and the queries that read them.
 
@@ -101,6 +114,7 @@ class PoolState:
             dev = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise InvalidSpec("device", device, f"not a torch device: {exc}") from exc
+        _check_device_present(device, dev)
         self._spec = spec
         self._num_blocks = num_blocks
         self._bytes_per_block = spec.bytes_per_block

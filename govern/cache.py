@@ -1,13 +1,8 @@
 """The governed KV cache on kvgov's own block pool: the one object a serving stack embeds.
 
 ``GovernedKVCache`` is a :class:`~kvgov.govern.governor.Governor` driving
-kvgov's :class:`~kvgov.allocator.BlockPool`, plus the sequences (block tables)
-of the requests it serves::
-
-    request --> GovernedKVCache --(steps)--> Governor --(cached decisions)--> policy
-                   |  sequences                 |  owners, deadlines, counters
-                   |                            +--(typed events)--> audit (hash-chained)
-                   +--(allocate, free, ...)--> BlockPool --(events)--> Governor.drain
+kvgov's :class:`~kvgov.allocator.BlockPool` (see the governor's module for the
+picture), plus the block tables of the requests it serves.
 
 Life of a request (``admit`` / ``append`` / ``release``)::
 
@@ -28,7 +23,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -45,14 +39,15 @@ from kvgov.exceptions import (
 from kvgov.policy import PolicyClient
 
 from . import erasure
+from .assemble import open_parts
 from .governor import Governor
-from .keys import KeyDeriver, load_key_secret, pack_tokens
+from .keys import KeyDeriver, pack_tokens
 from .logs import get_logger
 from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
 from .scope import CacheScope
-from .sequence import LiveSeq, check_admission
+from .sequence import LiveSeq, check_admission, check_live_ids, check_seq_id
 from .stats import CacheStats
-from .sweeper import Sweeper
+from .sweeper import Sweeper, check_interval
 
 __all__ = ["GovernedKVCache"]
 
@@ -151,26 +146,24 @@ class GovernedKVCache:
             AuditSchemaError: the audit database needs ``kvgov db upgrade``.
             InvalidSpec: nonsense sizes.
         """
-        deriver = KeyDeriver(
-            load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ))
-        )
-        policy = PolicyClient.create(
-            policy_dir=None if policy_dir is None else Path(policy_dir),
+        parts = open_parts(
+            policy_dir=policy_dir,
             policy_data=policy_data,
-            engine=policy_engine,
+            audit_url=audit_url,
+            key_secret=key_secret,
+            ephemeral_secret=ephemeral_secret,
+            clock=clock,
+            worker_id=worker_id,
+            policy_engine=policy_engine,
         )
-        try:
-            audit = AuditLog(audit_url, worker_id=worker_id, clock=clock)
-        except BaseException:
-            policy.close()
-            raise
         try:
             pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization)
         except BaseException:
-            audit.close()
-            policy.close()
+            parts.close()
             raise
-        return cls(pool=pool, policy=policy, audit=audit, deriver=deriver, clock=clock)
+        return cls(
+            pool=pool, policy=parts.policy, audit=parts.audit, deriver=parts.deriver, clock=clock
+        )
 
     # ------------------------------------------------------------------ properties
 
@@ -251,13 +244,21 @@ class GovernedKVCache:
         packed = check_admission(seq_id, scope, token_ids, priority, public_prefix_tokens)
         gov = self._gov
         gov.check_not_purging(scope.tenant)
+        gov.check_open()
+        if seq_id in self._seqs:
+            raise DuplicateSequence(seq_id)
+        # Decide and derive the keys before taking the lock: hashing a long prompt
+        # must not stall every other tenant's admissions.
+        view = gov.admission_view(scope, seq_id, len(packed) // 4)
+        adm = gov.decide(view, seq_id, len(packed) // 4, priority)
+        deriver = gov.deriver
+        plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
         with gov.lock:
             gov.check_open()
             if seq_id in self._seqs:
                 raise DuplicateSequence(seq_id)
-            view = gov.views.view(scope)
-            adm = gov.decide(view, seq_id, len(packed) // 4, priority)
-            plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
+            if gov.deriver is not deriver:  # the secret was rotated meanwhile: key anew
+                plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
             hit_ids = gov.find_hits(view, plan, packed, seq_id)
             block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
             cached_tokens = len(hit_ids) * self._block_size
@@ -300,12 +301,11 @@ class GovernedKVCache:
 
     def _give_back(self, block_ids: list[int], num_hits: int) -> None:
         """Undo an admission's references: new blocks are zeroized, hit blocks cached again."""
-        pool = self._pool
         try:
-            if len(block_ids) > num_hits:
-                pool.free(block_ids[: num_hits - 1 if num_hits else None : -1], cache=False)
+            if block_ids[num_hits:]:
+                self._pool.free(block_ids[num_hits:][::-1], cache=False)
             if num_hits:
-                pool.free(block_ids[num_hits - 1 :: -1])
+                self._pool.free(block_ids[:num_hits][::-1])
         finally:
             self._gov.drain()
 
@@ -325,6 +325,7 @@ class GovernedKVCache:
             InvalidTokens: bad token ids (nothing changed).
             OutOfBlocks: no block for the growth (nothing changed).
         """
+        check_seq_id(seq_id)
         packed = pack_tokens(token_ids)
         gov = self._gov
         with gov.lock:
@@ -363,7 +364,7 @@ class GovernedKVCache:
         Returns:
             True if it was live and is now released, False if it was not live.
         """
-        return self._end(seq_id, cache=True, reason="released")
+        return self._end(check_seq_id(seq_id), cache=True, reason="released")
 
     def cancel(self, seq_id: str) -> bool:
         """Release a sequence without caching anything of it (its blocks are zeroized). Idempotent.
@@ -374,7 +375,7 @@ class GovernedKVCache:
         Returns:
             True if it was live and is now cancelled, False if it was not live.
         """
-        return self._end(seq_id, cache=False, reason="cancelled")
+        return self._end(check_seq_id(seq_id), cache=False, reason="cancelled")
 
     def reconcile(self, live_seq_ids: Iterable[str]) -> ReconcileReport:
         """Release every live sequence the caller no longer knows (crashed scheduler, lost work).
@@ -387,7 +388,7 @@ class GovernedKVCache:
         Returns:
             The orphans released and how many block references they held.
         """
-        keep = set(live_seq_ids)
+        keep = check_live_ids(live_seq_ids)
         with self._gov.lock:
             self._gov.check_open()
             orphans = [s for s in self._seqs if s not in keep]
@@ -429,15 +430,15 @@ class GovernedKVCache:
             interval: seconds between sweeps (> 0).
 
         Raises:
-            InvalidArgument: interval not positive, or a sweeper already runs.
+            InvalidArgument: interval not a finite number of at least 0.01 seconds
+                (``defaults.MIN_SWEEP_INTERVAL``), or a sweeper already runs.
         """
-        if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
-            raise InvalidArgument("interval", interval, "seconds, greater than 0")
+        interval = check_interval(interval)
         with self._gov.lock:
             self._gov.check_open()
             if self._sweeper is not None:
                 raise InvalidArgument("interval", interval, "a sweeper already runs")
-            self._sweeper = Sweeper(self, float(interval))
+            self._sweeper = Sweeper(self, interval)
             self._sweeper.start()
 
     def purge_tenant(self, tenant: str) -> ErasureReport:
@@ -485,16 +486,16 @@ class GovernedKVCache:
         Raises:
             InvalidArgument: no field given, or a value that is not a non-empty string.
         """
-        given: Mapping[str, Any] = {
-            "model": model,
-            "model_revision": model_revision,
-            "adapter": adapter,
-            "adapter_revision": adapter_revision,
-            "tokenizer": tokenizer,
-            "tokenizer_revision": tokenizer_revision,
-            "template_version": template_version,
-        }
-        wanted = {name: value for name, value in given.items() if value is not None}
+        given = (
+            model,
+            model_revision,
+            adapter,
+            adapter_revision,
+            tokenizer,
+            tokenizer_revision,
+            template_version,
+        )
+        wanted = {k: v for k, v in zip(erasure.SCOPE_FILTERS, given, strict=True) if v is not None}
         return erasure.invalidate(self._gov, wanted, self._seqs.values())
 
     def rotate_secret(self, new_secret: bytes) -> int:

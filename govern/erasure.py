@@ -66,7 +66,13 @@ def revoke(gov: Governor, block_ids: list[int], reason: str) -> tuple[list[int],
 
 
 def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> ErasureReport:
-    """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`."""
+    """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
+
+    The blocks are revoked under the governor's lock; the erasure event, which
+    the audit log writes through to its store, is recorded after the lock is
+    released (the tenant's admissions stay refused until it is), so a slow
+    audit database never stalls other tenants.
+    """
     if not isinstance(tenant, str) or not tenant:
         raise InvalidScope("tenant", tenant, "a non-empty string")
     gov.purging.add(tenant)
@@ -82,39 +88,39 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             verified = gov.pool.read_back_zero(evicted) is True
             finished = gov.clock()
             nbytes = len(evicted) * gov.pool.bytes_per_block
-            event_id = gov.audit.record(
-                AuditEvent(
-                    type=EventType.ERASURE,
-                    tenant=tenant,
-                    block_ids=tuple(evicted),
-                    details={
-                        "blocks_zeroized": len(evicted),
-                        "bytes_zeroized": nbytes,
-                        "detached_blocks": len(detached),
-                        "in_flight_sequences": in_flight,
-                        "verified": verified,
-                        "finished_at": finished,
-                    },
-                )
-            )
-            _log.info(
-                "tenant_erased",
+        event_id = gov.audit.record(
+            AuditEvent(
+                type=EventType.ERASURE,
                 tenant=tenant,
-                blocks_zeroized=len(evicted),
-                in_flight=len(in_flight),
-                verified=verified,
-                event_id=event_id,
+                block_ids=tuple(evicted),
+                details={
+                    "blocks_zeroized": len(evicted),
+                    "bytes_zeroized": nbytes,
+                    "detached_blocks": len(detached),
+                    "in_flight_sequences": in_flight,
+                    "verified": verified,
+                    "finished_at": finished,
+                },
             )
-            return ErasureReport(
-                tenant=tenant,
-                blocks_zeroized=len(evicted),
-                bytes_zeroized=nbytes,
-                in_flight_sequences=tuple(in_flight),
-                detached_blocks=len(detached),
-                verified=verified,
-                event_id=event_id,
-                finished_at=finished,
-            )
+        )
+        _log.info(
+            "tenant_erased",
+            tenant=tenant,
+            blocks_zeroized=len(evicted),
+            in_flight=len(in_flight),
+            verified=verified,
+            event_id=event_id,
+        )
+        return ErasureReport(
+            tenant=tenant,
+            blocks_zeroized=len(evicted),
+            bytes_zeroized=nbytes,
+            in_flight_sequences=tuple(in_flight),
+            detached_blocks=len(detached),
+            verified=verified,
+            event_id=event_id,
+            finished_at=finished,
+        )
     finally:
         gov.purging.discard(tenant)
 

@@ -25,24 +25,35 @@ and maintenance (``purge_tenant``, ``invalidate``, ``rotate_secret``,
 ``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure` and are reached
 through the methods of the same names.
 
-Thread safety: one re-entrant lock (:attr:`lock`). A binding holds it around
-every step of a request; the erasure and maintenance methods take it
-themselves. The pool, the policy client and the audit log are used only under
-it (the audit log's writer thread works off its own queue).
+Thread safety: one re-entrant lock (:attr:`lock`). ``decide`` and ``plan``
+need no lock (the policy client, the scope views and the audit log are
+thread-safe; deriving keys is pure), so a binding runs them first and holds
+the lock for the steps that touch the pool, owners, deadlines and counters;
+the erasure and maintenance methods take it themselves. A binding that derived
+keys before the lock re-plans under it if :attr:`deriver` changed meanwhile
+(a secret rotation).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
-from kvgov.exceptions import InternalError, PolicyDenied, PoolClosed, TenantPurging
+from kvgov.exceptions import (
+    InternalError,
+    PolicyDenied,
+    PolicyUnavailable,
+    PoolClosed,
+    TenantPurging,
+)
 from kvgov.policy import AdmissionDecision, Decision, PolicyClient, SharingDecision
+from kvgov.policy.client import CLASSIFICATIONS_PATH
 
 from .keys import KeyDeriver
 from .logs import get_logger
@@ -52,7 +63,7 @@ from .protocol import GovernedPool
 from .retention import Deadlines
 from .scope import CacheScope
 from .sharing import judge_hits
-from .stats import CacheStats, _sum, _TenantCounters
+from .stats import CacheStats, _TenantCounters, snapshot
 from .views import ScopeView, ScopeViews
 
 __all__ = ["Governor", "LiveSequence"]
@@ -139,6 +150,32 @@ class Governor:
         if tenant in self.purging:
             raise TenantPurging(tenant)
 
+    def admission_view(self, scope: CacheScope, seq_id: str, num_tokens: int) -> ScopeView:
+        """The view of a scope asking for admission; a policy outage denies, audited.
+
+        Raises:
+            InvalidScope: the classification is unknown to the policy.
+            PolicyDenied: the policy engine cannot list its classifications (fail
+                closed; a POLICY_ERROR event is written).
+        """
+        try:
+            return self.views.view(scope)
+        except PolicyUnavailable as exc:
+            decision_id = f"unavailable-{uuid.uuid4().hex}"
+            with self.lock:
+                self.counters[scope.tenant].denials["policy_error"] += 1
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.POLICY_ERROR,
+                    **scope.as_dict(),
+                    sequence_id=seq_id,
+                    token_count=num_tokens,
+                    decision_id=decision_id,
+                    details={"reason": str(exc), "path": CLASSIFICATIONS_PATH},
+                )
+            )
+            raise PolicyDenied(CLASSIFICATIONS_PATH, str(exc), decision_id) from exc
+
     def decide(
         self, view: ScopeView, seq_id: str, num_tokens: int, priority: int | None
     ) -> AdmissionDecision:
@@ -151,9 +188,10 @@ class Governor:
         if adm.allow:
             return adm
         decision = adm.decision
-        self.counters[view.scope.tenant].denials[
-            "policy_error" if decision.error else (adm.reason or "denied")
-        ] += 1
+        with self.lock:
+            self.counters[view.scope.tenant].denials[
+                "policy_error" if decision.error else (adm.reason or "denied")
+            ] += 1
         self.audit.record(
             AuditEvent(
                 type=EventType.POLICY_ERROR if decision.error else EventType.POLICY_DENIED,
@@ -184,7 +222,7 @@ class Governor:
         """The admission's geometry and, if it may be cached, its namespaces, retention and keys."""
         if not cache:
             return unkeyed_plan(view, len(packed) // 4, self.block_size)
-        return plan_keys(
+        plan = plan_keys(
             self.policy,
             self.views,
             self.deriver,
@@ -193,6 +231,17 @@ class Governor:
             self.block_size,
             public_prefix_tokens,
         )
+        for decision in plan.failed:  # fail closed (nothing cached or shared), and say so
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.POLICY_ERROR,
+                    **view.fields,
+                    decision_id=decision.decision_id,
+                    policy_revision=decision.bundle_revision,
+                    details={"reason": decision.error, "path": decision.path},
+                )
+            )
+        return plan
 
     def find_hits(self, view: ScopeView, plan: KeyPlan, packed: bytes, seq_id: str) -> list[int]:
         """The longest cached prefix the scope may use, with a reference taken on each block.
@@ -347,7 +396,7 @@ class Governor:
             self.audit.record(
                 AuditEvent(
                     type=EventType.EVICTION,
-                    **(self.views.view(scope).fields if scope else {}),
+                    **(self.views.view(scope, admitted=True).fields if scope else {}),
                     block_ids=tuple(ids),
                     details={"reason": event.reason},
                 )
@@ -440,7 +489,7 @@ class Governor:
         if not all(o is not None and o.tenant == requester for o, _ in groups):
             verdict = judge_hits(
                 self.policy,
-                self.views.view,
+                lambda owner: self.views.view(owner, admitted=True),
                 self.owners.table,
                 view,
                 hit_ids,
@@ -457,7 +506,10 @@ class Governor:
         for owner, ids in groups:
             if owner is None:  # pragma: no cover - excluded by judge_hits
                 continue
-            fields = {**self.views.view(owner).fields, "requester_tenant": requester}
+            fields = {
+                **self.views.view(owner, admitted=True).fields,
+                "requester_tenant": requester,
+            }
             if owner.tenant == requester:
                 self.audit.record(
                     AuditEvent(
@@ -491,7 +543,7 @@ class Governor:
         self.audit.record(
             AuditEvent(
                 type=EventType.SHARE_DENIED,
-                **{**self.views.view(owner).fields, "requester_tenant": requester},
+                **{**self.views.view(owner, admitted=True).fields, "requester_tenant": requester},
                 sequence_id=seq_id,
                 decision_id=share.decision.decision_id,
                 policy_revision=share.decision.bundle_revision,
@@ -509,45 +561,14 @@ class Governor:
             orphans_recovered: sequences the binding released as orphans.
         """
         with self.lock:
-            pool = self.pool
-            per_tenant: defaultdict[str, dict[str, int]] = defaultdict(
-                lambda: {"owned": 0, "cached": 0}
-            )
-            totals = {"free": 0, "owned": 0, "cached": 0, "dirty": 0}
-            if not self.closed:
-                held = self.owners.held()
-                table = self.owners.table
-                for b, state in zip(held, pool.states(held), strict=True):
-                    owner = table[b]
-                    if owner is None:  # pragma: no cover - held() lists owned entries only
-                        continue
-                    if state is BlockState.OWNED:
-                        per_tenant[owner.tenant]["owned"] += 1
-                    elif state is BlockState.CACHED:
-                        per_tenant[owner.tenant]["cached"] += 1
-                counts = pool.counts()
-                totals = {
-                    "free": counts.free,
-                    "owned": counts.owned,
-                    "cached": counts.cached,
-                    "dirty": counts.dirty,
-                }
-            tenants = {
-                name: c.freeze(per_tenant.get(name, {"owned": 0, "cached": 0}))
-                for name, c in sorted(self.counters.items())
-            }
-            total = _sum([*self.counters.values(), self.unattributed]).freeze(totals)
-            cache_stats = self.policy.cache_stats()
-            return CacheStats(
-                total=total,
-                tenants=tenants,
-                num_blocks=pool.num_blocks,
-                bytes_per_block=pool.bytes_per_block,
-                orphans_recovered=orphans_recovered,
+            return snapshot(
+                counters=self.counters,
+                unattributed=self.unattributed,
+                owners=None if self.closed else self.owners,
+                pool=self.pool,
+                policy=self.policy,
                 live_sequences=live_sequences,
-                decision_cache_hits=cache_stats.hits,
-                decision_cache_misses=cache_stats.misses,
-                policy_revision=self.policy.bundle_revision,
+                orphans_recovered=orphans_recovered,
             )
 
     def close(self) -> None:

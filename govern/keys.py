@@ -42,7 +42,8 @@ import hashlib
 import secrets
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import NewType
 
 from kvgov.defaults import KEY_SECRET_ENV, MIN_KEY_SECRET_BYTES
@@ -134,10 +135,20 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
         ``4 * len(token_ids)`` bytes.
 
     Raises:
-        InvalidTokens: not a sequence, or an element is not an int in range.
+        InvalidTokens: not an ordered sequence (a str, bytes, set or dict is refused),
+            or an element is not an int in range.
     """
-    if isinstance(token_ids, str | bytes | bytearray) or not hasattr(token_ids, "__len__"):
-        raise InvalidTokens(f"expected a sequence of ints, got {type(token_ids).__name__}")
+    if (
+        isinstance(token_ids, str | bytes | bytearray | AbstractSet | Mapping)
+        or not hasattr(token_ids, "__len__")
+        or not hasattr(token_ids, "__iter__")
+    ):
+        # a set or a dict has a length but no order: its "tokens" would be keyed in
+        # whatever order it iterates
+        raise InvalidTokens(
+            f"expected a sequence of ints (a list, tuple, range or array), "
+            f"got {type(token_ids).__name__}"
+        )
     try:
         packed = array("I", token_ids)
     except OverflowError as exc:

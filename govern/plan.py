@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvgov.policy import PolicyClient
+from kvgov.policy import Decision, PolicyClient
 
 from .keys import CacheKey, KeyDeriver, continuation_root
 from .views import ScopeView, ScopeViews
@@ -49,6 +49,8 @@ class KeyPlan:
         prefix_ttl: its retention in seconds.
         ttl: retention of the rest in seconds; None: nothing may be cached.
         prefix_read_roots: the other namespaces the prefix scope may read.
+        failed: the retention and share-group decisions that failed closed (an
+            engine error), for the governor to audit.
     """
 
     num_tokens: int
@@ -64,6 +66,7 @@ class KeyPlan:
     prefix_ttl: float | None = None
     ttl: float | None = None
     prefix_read_roots: tuple[bytes, ...] = ()
+    failed: list[Decision] = field(default_factory=list)
 
     @property
     def cacheable(self) -> bool:
@@ -108,16 +111,15 @@ def plan_keys(
     """
     num_tokens = len(packed) // 4
     num_full, max_hit, num_blocks = _geometry(num_tokens, block_size)
-    root, read_roots = views.namespaces(view)
-    ttl = float(policy.retention(view.fields).ttl_seconds)
+    failed: list[Decision] = []
+    root, read_roots, ttl = _namespaces_and_ttl(policy, views, view, failed)
     if ttl <= 0:  # nothing may be kept: key nothing
-        return KeyPlan(num_tokens, num_full, num_blocks, max_hit, root, root)
+        return KeyPlan(num_tokens, num_full, num_blocks, max_hit, root, root, failed=failed)
     derive = deriver.derive_chain
     prefix_blocks = min(public_prefix_tokens // block_size, num_full)
     if prefix_blocks:
         pview = views.view(replace(view.scope, classification=PUBLIC))
-        proot, prefix_read_roots = views.namespaces(pview)
-        pttl = float(policy.retention(pview.fields).ttl_seconds)
+        proot, prefix_read_roots, pttl = _namespaces_and_ttl(policy, views, pview, failed)
         if pttl > 0:
             prefix_keys = derive(proot, packed, pview.digest, block_size, prefix_blocks)
             rest_parent = continuation_root(root, prefix_keys[-1])
@@ -143,9 +145,33 @@ def plan_keys(
                 pttl,
                 ttl,
                 prefix_read_roots,
+                failed,
             )
     keys = derive(root, packed, view.digest, block_size, num_full)
-    return KeyPlan(num_tokens, num_full, num_blocks, max_hit, root, root, read_roots, keys, ttl=ttl)
+    return KeyPlan(
+        num_tokens,
+        num_full,
+        num_blocks,
+        max_hit,
+        root,
+        root,
+        read_roots,
+        keys,
+        ttl=ttl,
+        failed=failed,
+    )
+
+
+def _namespaces_and_ttl(
+    policy: PolicyClient, views: ScopeViews, view: ScopeView, failed: list[Decision]
+) -> tuple[bytes, tuple[bytes, ...], float]:
+    """A scope's publish root, readable roots and retention; failed decisions go to ``failed``."""
+    root, read_roots, groups = views.namespaces(view)
+    retention = policy.retention(view.fields)
+    for decision in (groups, retention.decision):
+        if decision.error is not None:
+            failed.append(decision)
+    return root, read_roots, float(retention.ttl_seconds)
 
 
 def _geometry(num_tokens: int, block_size: int) -> tuple[int, int, int]:

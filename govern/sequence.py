@@ -12,7 +12,7 @@ from .plan import KeyPlan
 from .scope import CacheScope
 from .views import ScopeView
 
-__all__ = ["LiveSeq", "check_admission"]
+__all__ = ["LiveSeq", "check_admission", "check_live_ids", "check_seq_id"]
 
 
 class LiveSeq:
@@ -61,6 +61,35 @@ class LiveSeq:
         return self.view.scope
 
 
+def check_seq_id(seq_id: object) -> str:
+    """A caller's sequence id: a non-empty string of at most 256 characters.
+
+    Raises:
+        InvalidArgument: it is not.
+    """
+    if not isinstance(seq_id, str) or not seq_id or len(seq_id) > 256:
+        raise InvalidArgument("seq_id", seq_id, "a non-empty string of at most 256 characters")
+    return seq_id
+
+
+def check_live_ids(live_seq_ids: object) -> set[str]:
+    """The ids ``reconcile`` keeps: an iterable of sequence ids, never one bare string.
+
+    Raises:
+        InvalidArgument: not an iterable of strings (a str is refused: iterating it would
+            name its characters and release every live sequence).
+    """
+    if isinstance(live_seq_ids, str | bytes) or not hasattr(live_seq_ids, "__iter__"):
+        raise InvalidArgument(
+            "live_seq_ids", live_seq_ids, "an iterable of sequence ids (a list or set of str)"
+        )
+    keep = set(live_seq_ids)
+    for seq_id in keep:
+        if not isinstance(seq_id, str):
+            raise InvalidArgument("live_seq_ids", seq_id, "every sequence id is a str")
+    return keep
+
+
 def check_admission(
     seq_id: object,
     scope: object,
@@ -69,8 +98,7 @@ def check_admission(
     public_prefix_tokens: object,
 ) -> bytes:
     """Validate ``admit``'s arguments; return the packed tokens."""
-    if not isinstance(seq_id, str) or not seq_id or len(seq_id) > 256:
-        raise InvalidArgument("seq_id", seq_id, "a non-empty string of at most 256 characters")
+    check_seq_id(seq_id)
     if not isinstance(scope, CacheScope):
         raise InvalidScope("scope", scope, "must be a CacheScope")
     if priority is not None and (

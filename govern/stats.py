@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from kvgov.allocator import BlockState
+
+if TYPE_CHECKING:
+    from kvgov.policy import PolicyClient
+
+    from .ownership import Owners
+    from .protocol import GovernedPool
 
 __all__ = ["CacheStats", "TenantStats"]
 
@@ -133,3 +142,63 @@ def _sum(counters: Iterable[_TenantCounters]) -> _TenantCounters:
         total.blocks_zeroized += c.blocks_zeroized
         total.bytes_zeroized += c.bytes_zeroized
     return total
+
+
+def snapshot(
+    *,
+    counters: Mapping[str, _TenantCounters],
+    unattributed: _TenantCounters,
+    owners: Owners | None,
+    pool: GovernedPool,
+    policy: PolicyClient,
+    live_sequences: int,
+    orphans_recovered: int,
+) -> CacheStats:
+    """Freeze a governor's counters, with its blocks by state per tenant and in total.
+
+    Args:
+        counters: per tenant.
+        unattributed: events of blocks without an owner.
+        owners: the owner table, or None once closed (no blocks by state then).
+        pool: the pool (its states and counts).
+        policy: the policy client (decision cache counters, revision).
+        live_sequences: the binding's running sequences.
+        orphans_recovered: sequences the binding released as orphans.
+    """
+    per_tenant: defaultdict[str, dict[str, int]] = defaultdict(lambda: {"owned": 0, "cached": 0})
+    totals = {"free": 0, "owned": 0, "cached": 0, "dirty": 0}
+    if owners is not None:
+        held = owners.held()
+        table = owners.table
+        for b, state in zip(held, pool.states(held), strict=True):
+            owner = table[b]
+            if owner is None:  # pragma: no cover - held() lists owned entries only
+                continue
+            if state is BlockState.OWNED:
+                per_tenant[owner.tenant]["owned"] += 1
+            elif state is BlockState.CACHED:
+                per_tenant[owner.tenant]["cached"] += 1
+        counts = pool.counts()
+        totals = {
+            "free": counts.free,
+            "owned": counts.owned,
+            "cached": counts.cached,
+            "dirty": counts.dirty,
+        }
+    tenants = {
+        name: c.freeze(per_tenant.get(name, {"owned": 0, "cached": 0}))
+        for name, c in sorted(counters.items())
+    }
+    total = _sum([*counters.values(), unattributed]).freeze(totals)
+    cache_stats = policy.cache_stats()
+    return CacheStats(
+        total=total,
+        tenants=tenants,
+        num_blocks=pool.num_blocks,
+        bytes_per_block=pool.bytes_per_block,
+        orphans_recovered=orphans_recovered,
+        live_sequences=live_sequences,
+        decision_cache_hits=cache_stats.hits,
+        decision_cache_misses=cache_stats.misses,
+        policy_revision=policy.bundle_revision,
+    )

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgov.exceptions import InvalidScope
-from kvgov.policy import PolicyClient
+from kvgov.exceptions import InvalidScope, PolicyUnavailable
+from kvgov.policy import Decision, PolicyClient
 
 from .keys import NamespaceRoot, ScopeDigest, namespace_root, scope_digest
 from .scope import CacheScope
@@ -45,7 +45,8 @@ class ScopeView:
 class ScopeViews:
     """A cache of :class:`ScopeView` per scope and of namespace roots per share group.
 
-    Only the governor, under its lock, uses it.
+    Safe to use without the governor's lock: dict reads and writes are atomic,
+    and two threads deriving the same view at once get equal views.
 
     Args:
         policy: the policy client: its classifications are the labels a scope may
@@ -58,21 +59,33 @@ class ScopeViews:
         self._group_roots: dict[str, NamespaceRoot] = {}
         self._classifications = policy.classifications()
 
-    def view(self, scope: CacheScope) -> ScopeView:
+    def view(self, scope: CacheScope, *, admitted: bool = False) -> ScopeView:
         """The view of ``scope``, derived on first sight.
+
+        Args:
+            scope: the scope.
+            admitted: the scope was already admitted (a block owner): its
+                classification is not checked again.
 
         Raises:
             InvalidScope: the classification is unknown to the policy.
+            PolicyUnavailable: the policy's classifications cannot be read (its
+                engine is down); they are asked for again on the next call, so
+                admissions recover when the engine does.
         """
         view = self._views.get(scope)
         if view is not None:
             return view
-        if scope.classification not in self._classifications:
-            raise InvalidScope(
-                "classification",
-                scope.classification,
-                f"unknown to the policy; known: {sorted(self._classifications)}",
-            )
+        if not admitted and scope.classification not in self._classifications:
+            self._classifications = known = self._policy.classifications()
+            if not known:
+                raise PolicyUnavailable("the classifications")
+            if scope.classification not in known:
+                raise InvalidScope(
+                    "classification",
+                    scope.classification,
+                    f"unknown to the policy; known: {sorted(known)}",
+                )
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()
         view = ScopeView(
@@ -91,15 +104,16 @@ class ScopeViews:
             root = self._group_roots[group] = namespace_root("group", group)
         return root
 
-    def namespaces(self, view: ScopeView) -> tuple[bytes, tuple[bytes, ...]]:
+    def namespaces(self, view: ScopeView) -> tuple[bytes, tuple[bytes, ...], Decision]:
         """Where a scope's blocks are keyed, and the other namespaces it may find blocks in.
 
         Returns:
             The publish root (its tenant's namespace, or the share group the
-            policy lets it publish in) and the other roots it may read (its
-            tenant's own and every group it may read), each once.
+            policy lets it publish in), the other roots it may read (its
+            tenant's own and every group it may read), each once, and the
+            share-group decision (with its error when it failed closed: no groups).
         """
         groups = self._policy.share_groups(view.fields)
         root = view.own_root if groups.publish is None else self.group_root(groups.publish)
         readable = (view.own_root, *(self.group_root(g) for g in groups.read))
-        return root, tuple(dict.fromkeys(r for r in readable if r != root))
+        return root, tuple(dict.fromkeys(r for r in readable if r != root)), groups.decision

@@ -52,3 +52,6 @@ KEY_SECRET_ENV: Final = "KVGOV_KEY_SECRET"
 MIN_KEY_SECRET_BYTES: Final = 32
 #: Longest identifier accepted in a cache scope field.
 MAX_SCOPE_FIELD_CHARS: Final = 256
+#: Shortest interval between two retention sweeps of ``start_sweeper``, in seconds: a
+#: smaller one would spin a CPU on the cache lock for no retention that matters.
+MIN_SWEEP_INTERVAL: Final = 0.01

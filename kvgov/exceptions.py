@@ -245,6 +245,24 @@ class PolicyDenied(PolicyError):
         super().__init__(f"denied by {path}: {reason} (decision {decision_id})")
 
 
+class PolicyUnavailable(PolicyError):
+    """The policy engine could not answer (down, timed out, answered garbage).
+
+    Callers that must decide fail closed on it: the governor turns it into an
+    audited :class:`PolicyDenied`.
+
+    Args:
+        what: what could not be read, e.g. ``"the classifications"``.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(
+            f"the policy engine could not give {what}; requests are refused (fail closed) "
+            "until it answers again: check the engine (OPA server reachable, bundle loaded)"
+        )
+
+
 # --------------------------------------------------------------------------- audit
 
 

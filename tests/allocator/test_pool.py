@@ -70,6 +70,7 @@ def test_new_pool_is_zero_and_free() -> None:
         ((SPEC, 4.0), "num_blocks"),
         (("spec", 4), "spec"),
         ((SPEC, 4, "tpu:9"), "device"),
+        ((SPEC, 4, "cuda:99"), "device"),
     ],
 )
 def test_construction_refuses_nonsense(args: tuple[object, ...], field: str) -> None:
@@ -408,3 +409,14 @@ def test_contiguous_looking_bad_batch_is_refused_unchanged(bad: list[int]) -> No
     with pytest.raises((BlockStateError, UnknownBlock)):
         pool.free(bad)
     assert snapshot(pool) == before
+
+
+def test_cuda_without_cuda_is_a_typed_error() -> None:
+    """device="cuda" where torch sees no CUDA device: InvalidSpec saying so, not an assert."""
+    if torch.cuda.is_available():
+        pool = BlockPool(SPEC, 4, "cuda")
+        assert pool.device.type == "cuda"
+        pool.close()
+        return
+    with pytest.raises(InvalidSpec, match="CUDA is not available"):
+        BlockPool(SPEC, 4, "cuda")

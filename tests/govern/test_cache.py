@@ -250,6 +250,25 @@ def _snapshot(cache: GovernedKVCache) -> tuple[Any, ...]:
         lambda c: c.append("nope", [1]),
         lambda c: c.append("live", [2**32]),
         lambda c: c.admit("big", make_scope(), list(range(4 * 40))),
+        lambda c: c.admit("set", make_scope(), {1, 2, 3, 4, 5}),
+        lambda c: c.admit("dict", make_scope(), {1: 2, 3: 4}),
+        lambda c: c.admit("str", make_scope(), "1234"),
+        lambda c: c.admit("bool", make_scope(), True),
+        lambda c: c.release(["live"]),
+        lambda c: c.cancel(None),
+        lambda c: c.append(["live"], [1]),
+        lambda c: c.reconcile("live"),
+        lambda c: c.reconcile(None),
+        lambda c: c.reconcile([1, 2]),
+        lambda c: c.start_sweeper(float("nan")),
+        lambda c: c.start_sweeper(float("inf")),
+        lambda c: c.start_sweeper(0),
+        lambda c: c.start_sweeper(-1),
+        lambda c: c.start_sweeper(True),
+        lambda c: c.start_sweeper("1"),
+        lambda c: c.invalidate(model=123),
+        lambda c: c.invalidate(model=""),
+        lambda c: c.invalidate(),
     ],
     ids=[
         "negative-token",
@@ -261,6 +280,25 @@ def _snapshot(cache: GovernedKVCache) -> tuple[Any, ...]:
         "unknown-seq",
         "token-too-big",
         "out-of-blocks",
+        "token-set",
+        "token-dict",
+        "token-str",
+        "token-bool",
+        "release-a-list",
+        "cancel-none",
+        "append-a-list",
+        "reconcile-a-str",
+        "reconcile-none",
+        "reconcile-ints",
+        "sweeper-nan",
+        "sweeper-inf",
+        "sweeper-zero",
+        "sweeper-negative",
+        "sweeper-bool",
+        "sweeper-str",
+        "invalidate-int",
+        "invalidate-empty",
+        "invalidate-nothing",
     ],
 )
 def test_bad_input_raises_typed_error_and_changes_nothing(
@@ -282,6 +320,7 @@ def test_bad_input_raises_typed_error_and_changes_nothing(
     ):
         call(cache)
     assert _snapshot(cache) == before
+    assert cache._sweeper is None
 
 
 def test_out_of_blocks_returns_the_prefix_references(make_cache: Factory) -> None:

@@ -220,3 +220,31 @@ def test_sweeper_thread_expires_blocks(make_cache: Factory, clock: FakeClock) ->
             break
         deadline.wait(0.01)
     assert cache.stats().total.evictions.get("expired") == 3
+
+
+def test_a_failing_sweep_does_not_end_the_sweeper(
+    make_cache: Factory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep that raises is counted and logged; the next interval sweeps again."""
+    cache = make_cache(policy_data=tenant_config("acme", retention_seconds={"internal": 1}))
+    _cache_prompt(cache, "a", make_scope(), PROMPT)
+    clock.advance(2)
+    real = cache.sweep
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("audit store hiccup")
+        return real()
+
+    monkeypatch.setattr(cache, "sweep", flaky)
+    cache.start_sweeper(0.01)
+    wait = threading.Event()
+    for _ in range(500):
+        if cache.stats().total.evictions.get("expired") == 3:
+            break
+        wait.wait(0.01)
+    assert cache.stats().total.evictions.get("expired") == 3
+    assert cache._sweeper is not None and cache._sweeper.failures == 1
+    assert cache._sweeper.is_alive()

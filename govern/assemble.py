@@ -1,0 +1,79 @@
+"""Open the parts every binding's governor needs: key deriver, policy client, audit log.
+
+One place builds them for :meth:`GovernedKVCache.create` and for the vLLM
+binding, so both read the secret, load the bundle and open the audit store the
+same way, and both close what was opened when a later step fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgov.audit import AuditLog
+from kvgov.policy import PolicyClient
+
+from .keys import KeyDeriver, load_key_secret
+
+__all__ = ["GovernorParts", "open_parts"]
+
+
+@dataclass(frozen=True, slots=True)
+class GovernorParts:
+    """The opened parts of a governor (the pool comes from the binding).
+
+    Attributes:
+        deriver: the key deriver holding the secret.
+        policy: the policy client.
+        audit: the audit log.
+    """
+
+    deriver: KeyDeriver
+    policy: PolicyClient
+    audit: AuditLog
+
+    def close(self) -> None:
+        """Close the audit log, then the policy client (a failed build's clean-up)."""
+        try:
+            self.audit.close()
+        finally:
+            self.policy.close()
+
+
+def open_parts(
+    *,
+    policy_dir: str | os.PathLike[str] | None,
+    policy_data: Mapping[str, Any] | None,
+    audit_url: str,
+    key_secret: bytes | None,
+    ephemeral_secret: bool,
+    clock: Callable[[], float],
+    worker_id: str | None,
+    policy_engine: Any,
+) -> GovernorParts:
+    """Read the key secret, load the policy bundle, open the audit log.
+
+    Args are those of :meth:`kvgov.govern.GovernedKVCache.create`.
+
+    Raises:
+        KeySecretError: no usable secret.
+        PolicyLoadError: the policy bundle does not load or its tests fail.
+        AuditSchemaError: the audit database needs ``kvgov db upgrade``.
+    """
+    deriver = KeyDeriver(
+        load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ))
+    )
+    policy = PolicyClient.create(
+        policy_dir=None if policy_dir is None else Path(policy_dir),
+        policy_data=policy_data,
+        engine=policy_engine,
+    )
+    try:
+        audit = AuditLog(audit_url, worker_id=worker_id, clock=clock)
+    except BaseException:
+        policy.close()
+        raise
+    return GovernorParts(deriver=deriver, policy=policy, audit=audit)
