@@ -52,3 +52,23 @@ KEY_SECRET_ENV: Final = "KVGOV_KEY_SECRET"
 MIN_KEY_SECRET_BYTES: Final = 32
 #: Longest identifier accepted in a cache scope field.
 MAX_SCOPE_FIELD_CHARS: Final = 256
+
+# --------------------------------------------------------------------------- offload
+
+#: Environment variable holding the key-encryption key (64 hex characters, 32 bytes).
+KEK_ENV: Final = "KVGOV_KEK"
+#: Environment variable naming a file that holds the key-encryption key (32 raw bytes
+#: or 64 hex characters; readable by its owner only).
+KEK_FILE_ENV: Final = "KVGOV_KEK_FILE"
+#: Seconds a worker trusts a data key it has unwrapped before it reads the key's state
+#: from the key store again: the longest a worker keeps decrypting (or encrypting under)
+#: a key another worker has just destroyed.
+DATA_KEY_RECHECK_SECONDS: Final = 5.0
+#: Seconds an offload tier that failed (Redis down, disk full) is skipped before the
+#: store tries it again.
+TIER_RETRY_SECONDS: Final = 5.0
+#: Seconds a Redis tier waits to connect, and for each reply, before it counts as down.
+REDIS_TIMEOUT_SECONDS: Final = 0.5
+#: Prefix of every Redis key an offload tier writes (the tier name follows, in braces,
+#: so all of a tier's keys share one Redis Cluster hash slot).
+REDIS_KEY_PREFIX: Final = "kvgov:offload"
