@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-LAYERS = ("allocator", "audit", "govern", "policy", "migrations")
+LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations")
 
 
 @pytest.fixture(scope="module")
