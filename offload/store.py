@@ -481,7 +481,7 @@ class OffloadStore:
             now: seconds since the epoch; default the store's clock.
 
         Returns:
-            Expired objects deleted per tier; tiers skipped as down are listed.
+            Expired objects deleted per tier; tiers that could not be reached are listed.
         """
         now_us = int((self._clock() if now is None else now) * 1e6)
 
