@@ -16,8 +16,10 @@ Eviction does not raise the floor: an evicted object was current, and bringing i
 restores exactly what was there. A floor is forgotten once the latest deadline of the
 objects it was raised for has passed: an older object's deadline is no later (retention
 is a TTL counted from the write, so it is earlier unless the retention policy was
-lengthened meanwhile), and the deadline check refuses it from then on. So the map holds
-at most one entry per block key a store touched within its retention.
+lengthened meanwhile), and the deadline check refuses it from then on (``prune``, run
+by the store's ``sweep``). The map is also capped (``REPLAY_FLOOR_ENTRIES``, least
+recently raised dropped first): a dropped floor only means replays of that key are
+no longer caught by this store, as for a key it never touched.
 
 What this cannot catch: a replay into a shared tier of an object the reading worker
 never saw replaced or deleted (another worker did); see docs/offload.md.
@@ -26,8 +28,10 @@ never saw replaced or deleted (another worker did); see docs/offload.md.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvgov.defaults import REPLAY_FLOOR_ENTRIES
 from kvgov.exceptions import ObjectReplayed
 
 __all__ = ["ReplayFloor"]
@@ -42,11 +46,19 @@ class _Floor:
 
 
 class ReplayFloor:
-    """Per (tier, block key) oldest acceptable write time. Thread-safe."""
+    """Per (tier, block key) oldest acceptable write time. Thread-safe.
 
-    def __init__(self) -> None:
+    Why an ``OrderedDict``: raising a floor moves it to the end in O(1), so the cap
+    drops the floor raised longest ago.
+
+    Args:
+        max_entries: most floors kept.
+    """
+
+    def __init__(self, max_entries: int = REPLAY_FLOOR_ENTRIES) -> None:
         self._lock = threading.Lock()
-        self._floors: dict[tuple[str, bytes], _Floor] = {}
+        self._max = max_entries
+        self._floors: OrderedDict[tuple[str, bytes], _Floor] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._floors)
@@ -60,11 +72,15 @@ class ReplayFloor:
             written_us: the new floor (it only ever rises).
             keep_until_us: the deadline of the object it is raised for.
         """
+        key = (tier, block_key)
         with self._lock:
-            floor = self._floors.get((tier, block_key))
+            floor = self._floors.get(key)
             if floor is None:
-                self._floors[(tier, block_key)] = _Floor(written_us, keep_until_us)
+                self._floors[key] = _Floor(written_us, keep_until_us)
+                if len(self._floors) > self._max:
+                    self._floors.popitem(last=False)
                 return
+            self._floors.move_to_end(key)
             floor.min_written_us = max(floor.min_written_us, written_us)
             floor.keep_until_us = max(floor.keep_until_us, keep_until_us)
 
