@@ -68,8 +68,8 @@ DATA_KEY_RECHECK_SECONDS: Final = 5.0
 #: store tries it again.
 TIER_RETRY_SECONDS: Final = 5.0
 #: Replay floors (per tier and block key) an offload store keeps before dropping the
-#: oldest; each costs about 200 bytes.
-REPLAY_FLOOR_ENTRIES: Final = 1 << 20
+#: oldest; each costs about 210 bytes besides its block key (55 MB in all).
+REPLAY_FLOOR_ENTRIES: Final = 1 << 18
 #: Seconds a Redis tier waits to connect, and for each reply, before it counts as down.
 REDIS_TIMEOUT_SECONDS: Final = 0.5
 #: Prefix of every Redis key an offload tier writes (the tier name follows, in braces,
