@@ -108,7 +108,7 @@ class HostMemoryTier:
     def list_expired(self, now_us: int) -> list[ObjectInfo]:
         """Objects whose deadline is at or before ``now_us``."""
         with self._lock:
-            return [i for i in self._index.infos() if i.deadline_us <= now_us]
+            return self._index.expired(now_us)
 
     def usage(self) -> TierUsage:
         """Bytes and objects held."""

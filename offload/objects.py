@@ -47,6 +47,7 @@ __all__ = [
     "SealedBlock",
     "decode",
     "encode",
+    "encoded_nbytes",
 ]
 
 #: The object format this kvgov writes and the only one it reads.
@@ -61,6 +62,22 @@ _MAGIC: Final = b"KVGO"
 _HEADER = struct.Struct(f">4sBBBHqq{KEY_ID_BYTES}s{SALT_BYTES}s{NONCE_BYTES}sQ")
 #: Fixed-size part of an encoded object (before the three variable fields and ciphertext).
 HEADER_BYTES: Final = _HEADER.size
+
+
+def encoded_nbytes(block_key: bytes, scope_digest: bytes, tenant: str, payload_bytes: int) -> int:
+    """Bytes an object occupies encoded (what tier capacities count), before it is sealed.
+
+    Args:
+        block_key: its block key.
+        scope_digest: its scope digest.
+        tenant: its tenant.
+        payload_bytes: the plaintext length (the ciphertext adds the 16-byte tag).
+
+    Returns:
+        Header, variable fields, ciphertext and tag.
+    """
+    variable = len(block_key) + len(scope_digest) + len(tenant.encode("utf-8"))
+    return HEADER_BYTES + variable + payload_bytes + TAG_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +129,7 @@ class SealedBlock:
     @property
     def nbytes(self) -> int:
         """Bytes the object occupies encoded: header, variable fields and ciphertext."""
-        return (
-            HEADER_BYTES
-            + len(self.block_key)
-            + len(self.scope_digest)
-            + len(self.tenant.encode("utf-8"))
-            + len(self.ciphertext)
-        )
+        return encoded_nbytes(self.block_key, self.scope_digest, self.tenant, self.payload_bytes)
 
     @property
     def payload_bytes(self) -> int:

@@ -114,7 +114,8 @@ class Restored:
 
     #: The tier that served it.
     tier: str
-    #: The plaintext: new bytes, or a view of the caller's ``into`` buffer.
+    #: The plaintext: new bytes, or a view of the caller's ``into`` buffer (for a GPU
+    #: tensor: of the pinned host buffer that was copied to it).
     payload: bytes | memoryview
     #: The data key that had sealed it (hex).
     key_id: str

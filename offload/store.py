@@ -50,7 +50,7 @@ from kvgov.exceptions import (
 
 from .crypto import open_sealed, seal
 from .keys import DataKeyRing, KeyProvider, WrappedKeyStore
-from .objects import FORMAT_VERSION, HEADER_BYTES, TAG_BYTES, ObjectInfo, SealedBlock
+from .objects import FORMAT_VERSION, TAG_BYTES, ObjectInfo, SealedBlock, encoded_nbytes
 from .payload import Sink, readable, writable
 from .replay import ReplayFloor
 from .results import (
@@ -224,6 +224,8 @@ class OffloadStore:
             InvalidOffloadArgument: a malformed argument or a payload of 2 GiB or more.
             UnknownTier: ``tiers`` names a tier this store does not have.
             KEKError: the tenant's key was wrapped by another KEK.
+            DataKeyDestroyed: the tenant was shredded while this offload ran (the
+                governor refuses a purging tenant's work first).
         """
         _check_bytes("block_key", block_key)
         _check_bytes("scope_digest", scope_digest)
@@ -236,8 +238,7 @@ class OffloadStore:
             raise InvalidOffloadArgument("payload", f"<{len(view)} bytes>", "must be under 2 GiB")
         now = self._clock()
         now_us, deadline_us = int(now * 1e6), _deadline_us(deadline)
-        fixed = HEADER_BYTES + len(block_key) + len(scope_digest) + len(tenant.encode("utf-8"))
-        nbytes = fixed + len(view) + TAG_BYTES
+        nbytes = encoded_nbytes(block_key, scope_digest, tenant, len(view))
         allowed = [tiers is None or n in tiers for n in self._states]
         if deadline_us <= now_us:
             return self._uniform(PutOutcome.EXPIRED, allowed)

@@ -215,9 +215,9 @@ class LruIndex(Generic[V]):
         keys = [k for k, (info, _v) in self._entries.items() if predicate(info)]
         return [entry for k in keys if (entry := self.pop(k)) is not None]
 
-    def infos(self) -> list[ObjectInfo]:
-        """Every entry's info, least recently used first."""
-        return [info for info, _v in self._entries.values()]
+    def expired(self, now_us: int) -> list[ObjectInfo]:
+        """The infos whose deadline is at or before ``now_us``, least recently used first."""
+        return [info for info, _v in self._entries.values() if info.deadline_us <= now_us]
 
     def clear(self) -> list[tuple[ObjectInfo, V]]:
         """Remove and return every entry."""
