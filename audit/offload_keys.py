@@ -23,7 +23,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, Index, LargeBinary, String, insert, select, text, update
+from sqlalchemy import (
+    BigInteger,
+    Executable,
+    Index,
+    LargeBinary,
+    String,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Mapped, mapped_column
@@ -111,19 +121,23 @@ class SqlWrappedKeyStore:
     def _unavailable(self, exc: OperationalError) -> KeyStoreUnavailable:
         return KeyStoreUnavailable(f"{self._url}: {exc.orig or exc}")
 
-    def live(self, tenant: str) -> StoredDataKey | None:
-        """The tenant's live key, or None.
-
-        Raises:
-            KeyStoreUnavailable: the database cannot be reached.
-        """
-        stmt = _SELECT.where(OffloadKeyRow.tenant == tenant, OffloadKeyRow.destroyed_us.is_(None))
+    def _one(self, stmt: Executable) -> StoredDataKey | None:
         try:
             with self._engine.connect() as conn:
                 row = conn.execute(stmt).first()
         except OperationalError as exc:
             raise self._unavailable(exc) from None
         return None if row is None else StoredDataKey(*row)
+
+    def live(self, tenant: str) -> StoredDataKey | None:
+        """The tenant's live key, or None.
+
+        Raises:
+            KeyStoreUnavailable: the database cannot be reached.
+        """
+        return self._one(
+            _SELECT.where(OffloadKeyRow.tenant == tenant, OffloadKeyRow.destroyed_us.is_(None))
+        )
 
     def get(self, key_id: str) -> StoredDataKey | None:
         """A key by id, live or destroyed, or None.
@@ -131,13 +145,7 @@ class SqlWrappedKeyStore:
         Raises:
             KeyStoreUnavailable: the database cannot be reached.
         """
-        stmt = _SELECT.where(OffloadKeyRow.key_id == key_id)
-        try:
-            with self._engine.connect() as conn:
-                row = conn.execute(stmt).first()
-        except OperationalError as exc:
-            raise self._unavailable(exc) from None
-        return None if row is None else StoredDataKey(*row)
+        return self._one(_SELECT.where(OffloadKeyRow.key_id == key_id))
 
     def create(
         self, *, key_id: str, tenant: str, kek_id: str, wrapped: bytes, created_us: int
