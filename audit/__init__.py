@@ -3,12 +3,14 @@
 Record events with :class:`AuditLog` (batched, off the caller's thread; critical events
 written synchronously; spooled when the database is down), prove integrity with
 :func:`verify` (per-stream SHA-256 hash chains and Ed25519-signed checkpoints), and
-answer compliance questions with :class:`AuditQueries`. This package never imports
-torch or the allocator.
+answer compliance questions with :class:`AuditQueries`. It also keeps the wrapped
+data keys of the encrypted offload tiers (:class:`SqlWrappedKeyStore`), because this
+package owns SQL. This package never imports torch or the allocator.
 """
 
 from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
 from kvgov.audit.events import CRITICAL_EVENT_TYPES, FORBIDDEN_DETAIL_KEYS, AuditEvent, EventType
+from kvgov.audit.offload_keys import SqlWrappedKeyStore, StoredDataKey
 from kvgov.audit.queries import AuditQueries, AuditRecord, CheckpointInfo
 from kvgov.audit.signing import SigningKey, key_id, load_public_key, load_signing_key
 from kvgov.audit.store import current_revision, downgrade, head_revision, open_engine, upgrade
@@ -28,6 +30,8 @@ __all__ = [
     "EventType",
     "Problem",
     "SigningKey",
+    "SqlWrappedKeyStore",
+    "StoredDataKey",
     "StreamReport",
     "VerifyReport",
     "canonical_event_bytes",

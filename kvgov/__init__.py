@@ -7,8 +7,9 @@ The public API is re-exported here::
 The layers are subpackages: :mod:`kvgov.govern` (the governor and its bindings
 to block pools, the safe layer a serving stack embeds), :mod:`kvgov.allocator`
 (kvgov's own paged block pool), :mod:`kvgov.policy` (the Rego bundle and its
-engines) and :mod:`kvgov.audit` (the hash-chained audit trail). This module
-itself holds only what all of them share: the exception hierarchy
+engines), :mod:`kvgov.audit` (the hash-chained audit trail) and
+:mod:`kvgov.offload` (encrypted host, disk and Redis tiers for evicted KV).
+This module itself holds only what all of them share: the exception hierarchy
 (:mod:`kvgov.exceptions`), the named defaults (:mod:`kvgov.defaults`) and the
 shared field names (:mod:`kvgov.schema`).
 

@@ -55,3 +55,26 @@ MAX_SCOPE_FIELD_CHARS: Final = 256
 #: Shortest interval between two retention sweeps of ``start_sweeper``, in seconds: a
 #: smaller one would spin a CPU on the cache lock for no retention that matters.
 MIN_SWEEP_INTERVAL: Final = 0.01
+
+# --------------------------------------------------------------------------- offload
+
+#: Environment variable holding the key-encryption key (64 hex characters, 32 bytes).
+KEK_ENV: Final = "KVGOV_KEK"
+#: Environment variable naming a file that holds the key-encryption key (32 raw bytes
+#: or 64 hex characters; readable by its owner only).
+KEK_FILE_ENV: Final = "KVGOV_KEK_FILE"
+#: Seconds a worker trusts a data key it has unwrapped before it reads the key's state
+#: from the key store again: the longest a worker keeps decrypting (or encrypting under)
+#: a key another worker has just destroyed.
+DATA_KEY_RECHECK_SECONDS: Final = 5.0
+#: Seconds an offload tier that failed (Redis down, disk full) is skipped before the
+#: store tries it again.
+TIER_RETRY_SECONDS: Final = 5.0
+#: Replay floors (per tier and block key) an offload store keeps before dropping the
+#: oldest; each costs about 210 bytes besides its block key (55 MB in all).
+REPLAY_FLOOR_ENTRIES: Final = 1 << 18
+#: Seconds a Redis tier waits to connect, and for each reply, before it counts as down.
+REDIS_TIMEOUT_SECONDS: Final = 0.5
+#: Prefix of every Redis key an offload tier writes (the tier name follows, in braces,
+#: so all of a tier's keys share one Redis Cluster hash slot).
+REDIS_KEY_PREFIX: Final = "kvgov:offload"

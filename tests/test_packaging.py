@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-LAYERS = ("allocator", "audit", "govern", "policy", "migrations")
+LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 

@@ -1,0 +1,301 @@
+"""The shared Redis tier: sealed blocks a fleet of workers reads, LRU within a byte capacity.
+
+Keys, for a tier named N under prefix P (default ``kvgov:offload``); the braces make
+all of a tier's keys one Redis Cluster hash slot, so the Lua scripts stay atomic::
+
+    P:{N}:o:<block key hex>   the encoded object (kvgov.offload.objects), PX = time to deadline
+    P:{N}:m                   hash  block key hex -> "nbytes|deadline_us|tenant hex|scope hex"
+    P:{N}:lru                 zset  block key hex, scored by a shared access tick
+    P:{N}:dl                  zset  block key hex, scored by deadline_us
+    P:{N}:t:<tenant hex>      set   the tenant's block key hexes
+    P:{N}:bytes               int   sum of nbytes over the hash
+    P:{N}:tick                int   the access tick (shared, so LRU spans all workers)
+
+Every write goes through one Lua script (put with eviction, get with touch, delete,
+delete by tenant), so concurrent workers never see or leave half an update. Redis
+expires an object itself at its deadline; its index entries are removed by the next
+``get``, eviction or ``list_expired`` sweep that meets them.
+
+A Redis operator sees the object keys (block keys are HMACs: they reveal no tokens),
+scope digests, tenant names, sizes, deadlines and access times; never KV content
+(see docs/offload.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kvgov.defaults import REDIS_KEY_PREFIX, REDIS_TIMEOUT_SECONDS
+from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable
+
+from .objects import ObjectInfo, SealedBlock, decode, encode
+from .tier import TierUsage, check_capacity, check_tier_name
+
+__all__ = ["RedisTier"]
+
+# Lua shared by the scripts: drop(P, m) removes member m everywhere and returns its size.
+_DROP = """
+local function drop(P, m)
+  redis.call('DEL', P .. ':o:' .. m)
+  redis.call('ZREM', P .. ':lru', m)
+  redis.call('ZREM', P .. ':dl', m)
+  local meta = redis.call('HGET', P .. ':m', m)
+  if not meta then return false end
+  redis.call('HDEL', P .. ':m', m)
+  local size, _dl, tenant = string.match(meta, '^(%d+)|(%-?%d+)|(%x+)|')
+  redis.call('SREM', P .. ':t:' .. tenant, m)
+  redis.call('DECRBY', P .. ':bytes', tonumber(size))
+  return meta
+end
+"""
+
+# KEYS[1]=P  ARGV: member, blob, ttl_ms, meta, nbytes, capacity, deadline_us, tenant_hex
+_PUT = (
+    _DROP
+    + """
+local P = KEYS[1]
+local m, size, cap = ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6])
+drop(P, m)
+local used = tonumber(redis.call('GET', P .. ':bytes') or '0')
+local evicted = {}
+while used + size > cap do
+  local victim = redis.call('ZRANGE', P .. ':lru', 0, 0)[1]
+  if not victim then break end
+  local meta = drop(P, victim)
+  if meta then
+    used = used - tonumber(string.match(meta, '^(%d+)'))
+    table.insert(evicted, meta .. '|' .. victim)
+  end
+end
+redis.call('SET', P .. ':o:' .. m, ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', P .. ':lru', redis.call('INCR', P .. ':tick'), m)
+redis.call('ZADD', P .. ':dl', ARGV[7], m)
+redis.call('HSET', P .. ':m', m, ARGV[4])
+redis.call('SADD', P .. ':t:' .. ARGV[8], m)
+redis.call('INCRBY', P .. ':bytes', size)
+return evicted
+"""
+)
+
+# KEYS[1]=P  ARGV: member
+_GET = (
+    _DROP
+    + """
+local P, m = KEYS[1], ARGV[1]
+local blob = redis.call('GET', P .. ':o:' .. m)
+if not blob then
+  drop(P, m)
+  return false
+end
+redis.call('ZADD', P .. ':lru', 'XX', redis.call('INCR', P .. ':tick'), m)
+return blob
+"""
+)
+
+# KEYS[1]=P  ARGV: member
+_DELETE = _DROP + "\nreturn drop(KEYS[1], ARGV[1])\n"
+
+# KEYS[1]=P  ARGV: tenant_hex
+_DELETE_TENANT = (
+    _DROP
+    + """
+local P = KEYS[1]
+local out = {}
+for _, m in ipairs(redis.call('SMEMBERS', P .. ':t:' .. ARGV[1])) do
+  local meta = drop(P, m)
+  if meta then table.insert(out, meta .. '|' .. m) end
+end
+redis.call('DEL', P .. ':t:' .. ARGV[1])
+return out
+"""
+)
+
+
+def _info(meta: bytes, member: bytes) -> ObjectInfo:
+    size, deadline, tenant, scope = meta.decode("ascii").split("|")
+    return ObjectInfo(
+        block_key=bytes.fromhex(member.decode("ascii")),
+        scope_digest=bytes.fromhex(scope),
+        tenant=bytes.fromhex(tenant).decode("utf-8"),
+        deadline_us=int(deadline),
+        nbytes=int(size),
+    )
+
+
+def _info_with_member(entry: bytes) -> ObjectInfo:
+    meta, _sep, member = entry.rpartition(b"|")
+    return _info(meta, member)
+
+
+class RedisTier:
+    """Sealed blocks in a Redis server shared by several workers. Thread-safe (redis-py pools).
+
+    Failures to reach Redis raise :class:`~kvgov.exceptions.TierUnavailable`; the store
+    then skips the tier for a while. Nothing here retries beyond one reconnect.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` or ``unix://...``.
+        capacity_bytes: most bytes the tier holds, for all workers together.
+        name: the tier's name, bound into every object's AAD: every worker sharing the
+            tier must use the same name (and prefix).
+        prefix: the key prefix (one per deployment; tests use a unique one).
+        timeout: seconds to connect and to wait for each reply.
+
+    Raises:
+        InvalidOffloadArgument: a bad URL, capacity or name.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        capacity_bytes: int,
+        *,
+        name: str = "redis",
+        prefix: str = REDIS_KEY_PREFIX,
+        timeout: float = REDIS_TIMEOUT_SECONDS,
+    ) -> None:
+        self._name = check_tier_name(name)
+        self._capacity = check_capacity(capacity_bytes)
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidOffloadArgument("url", url, "must be a redis://, rediss:// or unix:// URL")
+        self._prefix = f"{prefix}:{{{name}}}"
+        self._client: redis.Redis = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._put = self._client.register_script(_PUT)
+        self._get = self._client.register_script(_GET)
+        self._delete = self._client.register_script(_DELETE)
+        self._delete_tenant = self._client.register_script(_DELETE_TENANT)
+
+    def __repr__(self) -> str:
+        return f"RedisTier(name={self._name!r}, prefix={self._prefix!r})"
+
+    @property
+    def name(self) -> str:
+        """The tier's name."""
+        return self._name
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Most bytes the tier holds (all workers)."""
+        return self._capacity
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every key this tier writes (``<prefix>:{<name>}``)."""
+        return self._prefix
+
+    def object_key(self, block_key: bytes) -> str:
+        """The Redis key holding the object for ``block_key``."""
+        return f"{self._prefix}:o:{block_key.hex()}"
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except redis.RedisError as exc:
+            raise TierUnavailable(self._name, f"{what}: {type(exc).__name__}: {exc}") from None
+
+    def put(self, obj: SealedBlock, now_us: int) -> list[ObjectInfo]:
+        """Store ``obj`` with a TTL to its deadline, evicting LRU objects (of any worker).
+
+        Raises:
+            InvalidOffloadArgument: the object is larger than the whole capacity.
+            TierUnavailable: Redis cannot be reached or refused the write.
+        """
+        info = obj.info()
+        if info.nbytes > self._capacity:
+            raise InvalidOffloadArgument(
+                "obj",
+                f"<{info.nbytes} bytes>",
+                f"larger than tier {self._name!r}'s capacity of {self._capacity} bytes",
+            )
+        tenant_hex = obj.tenant.encode("utf-8").hex()
+        meta = f"{info.nbytes}|{obj.deadline_us}|{tenant_hex}|{obj.scope_digest.hex()}"
+        ttl_ms = max(1, math.ceil((obj.deadline_us - now_us) / 1000))
+        args: list[bytes | str | int] = [
+            obj.block_key.hex(),
+            encode(obj),
+            ttl_ms,
+            meta,
+            info.nbytes,
+            self._capacity,
+            obj.deadline_us,
+            tenant_hex,
+        ]
+        evicted = self._call("put", lambda: self._put(keys=[self._prefix], args=args))
+        return [_info_with_member(e) for e in evicted]
+
+    def get(self, block_key: bytes) -> SealedBlock | None:
+        """The object for ``block_key`` (touched as most recently used), or None.
+
+        Raises:
+            ObjectCorrupt: the stored value does not parse.
+            TierUnavailable: Redis cannot be reached.
+        """
+        blob = self._call("get", lambda: self._get(keys=[self._prefix], args=[block_key.hex()]))
+        if blob is None:
+            return None
+        return decode(blob, tier=self._name, block_key=block_key)
+
+    def delete(self, block_key: bytes) -> ObjectInfo | None:
+        """Delete the object for ``block_key``; returns its info, or None."""
+        member = block_key.hex()
+        meta = self._call("delete", lambda: self._delete(keys=[self._prefix], args=[member]))
+        return None if meta is None else _info(meta, member.encode("ascii"))
+
+    def delete_by_tenant(self, tenant: str) -> list[ObjectInfo]:
+        """Delete every object of ``tenant`` (one atomic script)."""
+        tenant_hex = tenant.encode("utf-8").hex()
+        out = self._call(
+            "delete_by_tenant",
+            lambda: self._delete_tenant(keys=[self._prefix], args=[tenant_hex]),
+        )
+        return [_info_with_member(e) for e in out]
+
+    def _all_infos(self) -> list[ObjectInfo]:
+        items = self._call("scan", lambda: list(self._client.hscan_iter(f"{self._prefix}:m")))
+        return [_info(meta, member) for member, meta in items]
+
+    def delete_where(self, predicate: Callable[[ObjectInfo], bool]) -> list[ObjectInfo]:
+        """Delete every object whose info satisfies ``predicate`` (scans the index)."""
+        return [
+            deleted
+            for info in self._all_infos()
+            if predicate(info) and (deleted := self.delete(info.block_key)) is not None
+        ]
+
+    def list_expired(self, now_us: int) -> list[ObjectInfo]:
+        """Objects whose deadline is at or before ``now_us`` (Redis may have expired them)."""
+        members = self._call(
+            "list_expired",
+            lambda: self._client.zrangebyscore(f"{self._prefix}:dl", "-inf", now_us),
+        )
+        if not members:
+            return []
+        metas = self._call("list_expired", lambda: self._client.hmget(f"{self._prefix}:m", members))
+        return [_info(meta, m) for m, meta in zip(members, metas, strict=True) if meta is not None]
+
+    def usage(self) -> TierUsage:
+        """Bytes and objects held, by every worker."""
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(f"{self._prefix}:bytes")
+            pipe.hlen(f"{self._prefix}:m")
+            return pipe.execute()
+
+        used, blocks = self._call("usage", read)
+        return TierUsage(int(used or 0), int(blocks))
+
+    def close(self) -> None:
+        """Close this worker's connections; the shared objects stay for the others."""
+        self._client.close()
