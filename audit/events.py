@@ -75,6 +75,11 @@ class EventType(StrEnum):
     SECRET_ROTATION = "secret_rotation"
     RETENTION_SWEEP = "retention_sweep"
     LIFECYCLE = "lifecycle"
+    #: Written by the audit writer itself: events of this stream are missing from the
+    #: store (``details.cause``: ``unclean_stop`` after a writer died with events only in
+    #: memory, naming ``last_stored_seq``; ``quarantined`` when the database refused
+    #: records, naming their ``seqs`` and the quarantine file).
+    AUDIT_GAP = "audit_gap"
 
 
 #: Security-critical event types: ``AuditLog.record`` writes them (database or spool)

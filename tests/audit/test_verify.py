@@ -32,8 +32,8 @@ def test_untouched_log_verifies(db_url: str, populate: Populate) -> None:
     """A log nobody touched verifies, with its checkpoints reported untrusted."""
     populate(db_url, 25)
     report = verify(db_url)
-    assert report.ok and report.events == 25 and report.checkpoints == 3
-    assert report.untrusted_checkpoints == 3
+    assert report.ok and report.events == 25 and report.checkpoints == 4
+    assert report.untrusted_checkpoints == 4
 
 
 def test_edited_field_is_detected(db_url: str, populate: Populate) -> None:
@@ -159,7 +159,7 @@ def test_trusted_keys(db_url: str, tmp_path: Path, clock: object) -> None:
         for i in range(10):
             log.record(sample_event(i))
     good = verify(db_url, [load_public_key(files.public)])
-    assert good.ok and good.untrusted_checkpoints == 0 and good.checkpoints == 2
+    assert good.ok and good.untrusted_checkpoints == 0 and good.checkpoints == 3
     bad = verify(db_url, [load_public_key(other.public)])
     assert not bad.ok and bad.problems[0].kind == "untrusted_key"
 
