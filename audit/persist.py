@@ -241,9 +241,9 @@ def _isolate(conn: Connection, records: Sequence[Record]) -> list[Refusal]:
         if not is_refusal(exc):
             raise
         if len(records) == 1:
-            if _already_stored(conn, records[0]):
-                return []
-            return [Refusal(records[0], _first_line(exc))]
+            with conn.begin():
+                stored = _already_stored(conn, records[0])
+            return [] if stored else [Refusal(records[0], _first_line(exc))]
         mid = len(records) // 2
         return _isolate(conn, records[:mid]) + _isolate(conn, records[mid:])
     return []
