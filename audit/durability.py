@@ -64,6 +64,7 @@ class AuditStats:
         stored_seq: every event up to this ``seq`` is in the database (or quarantined).
         durable_seq: every event up to this ``seq`` is in the database or on disk.
         spooled: events in the spool file waiting for the database.
+        spooled_total: events written to the spool since this log started.
         quarantined: records the database refused, kept in the quarantine file, since
             this log started.
         damaged_lines: spool lines that did not parse, moved to the quarantine.
@@ -77,6 +78,7 @@ class AuditStats:
     stored_seq: int
     durable_seq: int
     spooled: int
+    spooled_total: int
     quarantined: int
     damaged_lines: int
     critical_spooled: tuple[str, ...]

@@ -102,6 +102,8 @@ class Outbox:
         self.unavailable: str | None = None
         self.quarantined = 0
         self.damaged = 0
+        #: Events appended to the spool since start (replays count again if re-spooled).
+        self.spooled_total = 0
         #: Critical events whose evidence is only spooled: seq -> type.
         self.critical_spooled: dict[int, str] = {}
 
@@ -219,6 +221,7 @@ class Outbox:
         self.spool_records([*keys, *events, *cps], reason)
         if events:
             self.durable_seq = max(self.durable_seq, int(events[-1][1]))
+            self.spooled_total += len(events)
             for r in events:
                 if r[_TYPE] in CRITICAL_EVENT_TYPES:
                     self.critical_spooled[int(r[1])] = r[_TYPE]

@@ -369,6 +369,7 @@ class AuditLog:
                 stored_seq=out.stored_seq,
                 durable_seq=out.durable_seq,
                 spooled=max(0, out.durable_seq - out.stored_seq) if out.spool_dirty else 0,
+                spooled_total=out.spooled_total,
                 quarantined=out.quarantined,
                 damaged_lines=out.damaged,
                 critical_spooled=tuple(f"{self._stream}:{s}" for s in out.critical_spooled),

@@ -1,16 +1,19 @@
 """Fixtures of the fault suite: a freezable PostgreSQL, a full disk, and the figures report.
 
-Every fault case records what happened to the events it wrote with
-``fault_report.add(case, written=..., spooled=..., quarantined=..., lost=...,
-critical_lost=...)``; ``make test-faults`` prints the table at the end. To add a
-case (the cache under OPA down, a purge under a frozen database), write a test in a
-new module here that uses these fixtures and reports its figures the same way.
+Every test in this directory is marked ``faults``: ``make test-faults`` runs them
+(``make test`` does not; ``.ci/run`` runs both). Every fault case records what
+happened to the events it wrote with ``fault_report.add(case, written=...,
+spooled=..., quarantined=..., lost=..., critical_lost=...)`` (more figures become
+more columns); the table is printed at the end. To add a case (the cache under OPA
+down, a purge under a frozen database), write a test in a new module here that
+uses these fixtures and reports its figures the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -40,15 +43,23 @@ def fault_report() -> FaultReport:
     return _REPORT
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.faults)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _REPORT.rows:
         return
     cols = ["written", "spooled", "quarantined", "lost", "critical_lost"]
+    cols += sorted({k for f in _REPORT.rows.values() for k in f} - set(cols))
     terminalreporter.section("fault suite: what happened to the events")
-    terminalreporter.write_line(f"{'case':<44}" + "".join(f"{c:>14}" for c in cols))
+    terminalreporter.write_line(f"{'case':<38}" + "".join(f"{c:>20}" for c in cols))
     for case, figures in sorted(_REPORT.rows.items()):
-        cells = "".join(f"{figures.get(c, '-')!s:>14}" for c in cols)
-        terminalreporter.write_line(f"{case:<44}{cells}")
+        cells = "".join(f"{figures.get(c, '-')!s:>20}" for c in cols)
+        terminalreporter.write_line(f"{case:<38}{cells}")
 
 
 @dataclass(frozen=True)
