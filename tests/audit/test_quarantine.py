@@ -176,3 +176,23 @@ def test_a_torn_last_line_is_ended_before_the_next_append(tmp_path: Path) -> Non
     Spool(spool).append(rows[1:])  # type: ignore[arg-type]
     contents = Spool(spool).read()
     assert [r[1] for r in contents.events] == [1, 2] and len(contents.damaged) == 1
+
+
+def test_quarantine_and_spool_are_prometheus_metrics(sqlite_url: str, tmp_path: Path) -> None:
+    """AuditCollector exposes the quarantine count and the spool for alerting."""
+    from prometheus_client import CollectorRegistry
+
+    from kvgov.audit import upgrade
+    from kvgov.audit.metrics import AuditCollector
+
+    upgrade(sqlite_url)
+    _poison(sqlite_url)
+    with AuditLog(sqlite_url, "w1", spool_path=tmp_path / "w1.spool.jsonl") as log:
+        log.record(AuditEvent(EventType.ADMISSION, tenant="poison"))
+        log.flush()
+        registry = CollectorRegistry()
+        registry.register(AuditCollector(log))
+        value = registry.get_sample_value
+        assert value("kvgov_audit_quarantined_total", {"stream": "w1"}) == 1
+        assert value("kvgov_audit_unavailable", {"stream": "w1"}) == 0
+        assert value("kvgov_audit_critical_spooled", {"stream": "w1"}) == 0
