@@ -407,7 +407,9 @@ class AuditLog:
     def close(self) -> None:
         """Flush, sign a final checkpoint, stop the writer thread, release the database.
 
-        Bounded like :meth:`flush`: with a hung database the rest is spooled.
+        Bounded: it waits while the writer makes progress, but spools the rest at once
+        when a database call has not returned for ``max_queue_age`` (a hung database),
+        and after ``critical_deadline`` seconds without progress.
 
         Raises:
             AuditUnavailable: the final events could not be written anywhere (the run
@@ -421,7 +423,7 @@ class AuditLog:
         self._stop = True
         self._wake.set()
         with self._cv:
-            self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01)
+            self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
             if self._thread.is_alive():  # stuck in a database call: spool the rest
                 self._spool_now_locked("the audit database did not answer in time (close)", True)
         self._keeper_stop.set()
@@ -454,18 +456,27 @@ class AuditLog:
             self._dq.append((seq, round(self._clock() * 1_000_000), event))
         return seq
 
+    def _stuck_in(self) -> float | None:
+        """Seconds until the database call in flight counts as hung (<= 0: it does), or None."""
+        since = self._db_since
+        return None if since is None else since + self._max_queue_age - time.monotonic()
+
     def _await_durable(self, seq: int) -> Recorded:
         end = time.monotonic() + self._critical_deadline
         with self._cv:
             self._wake.set()
             while self._out.durable_seq < seq:
                 remaining = end - time.monotonic()
-                if remaining <= 0:
+                stuck_in = self._stuck_in()
+                if remaining <= 0 or (stuck_in is not None and stuck_in <= 0):
                     self._spool_now_locked(
                         f"the audit database did not answer within {self._critical_deadline:g} s"
+                        if remaining <= 0
+                        else "an audit database call has not returned "
+                        f"for {self._max_queue_age:g} s"
                     )
                     break
-                self._cv.wait(remaining)
+                self._cv.wait(remaining if stuck_in is None else min(remaining, stuck_in))
             if self._out.durable_seq < seq:  # pragma: no cover - _spool_now_locked raised
                 raise AuditUnavailable(self._out.unavailable or "the event could not be written")
             event_id = f"{self._stream}:{seq}"
@@ -473,16 +484,21 @@ class AuditLog:
                 return Recorded(event_id, "stored")
             return Recorded(event_id, "spooled", self._out.spool_reason or self._db_error)
 
-    def _wait_locked(self, done: Callable[[], bool], poll: float | None = None) -> None:
-        """Wait on ``cv`` until ``done()``, or ``critical_deadline`` without durable progress."""
+    def _wait_locked(
+        self, done: Callable[[], bool], poll: float | None = None, *, hang: bool = False
+    ) -> None:
+        """Wait on ``cv`` until ``done()`` or ``critical_deadline`` without durable progress,
+        or (``hang``) until a database call has not returned for ``max_queue_age``."""
         durable, end = self._out.durable_seq, time.monotonic() + self._critical_deadline
         while not done():
             if self._out.durable_seq != durable:
                 durable, end = self._out.durable_seq, time.monotonic() + self._critical_deadline
             remaining = end - time.monotonic()
-            if remaining <= 0:
+            stuck_in = self._stuck_in() if hang else None
+            if remaining <= 0 or (stuck_in is not None and stuck_in <= 0):
                 return
-            self._cv.wait(remaining if poll is None else min(poll, remaining))
+            wait = remaining if stuck_in is None else min(remaining, stuck_in)
+            self._cv.wait(wait if poll is None else min(poll, wait))
 
     def _backpressure(self) -> None:
         while len(self._dq) >= self._queue_size:

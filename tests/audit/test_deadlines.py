@@ -159,6 +159,7 @@ def test_critical_event_is_spooled_when_sqlite_is_locked(sqlite_url: str, tmp_pa
         conn.rollback()
         conn.close()
         engine.dispose()
+    _within(log.flush)  # the lock is gone: the spool replays
     _within(log.close)
     assert _count(sqlite_url) == 2 and verify(sqlite_url).ok
 
