@@ -18,15 +18,31 @@ reached the store.
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgov.audit.events import AuditEvent, EventType
+from kvgov.exceptions import InvalidAuditEvent
 
-__all__ = ["AuditStats", "Evidence", "Recorded", "RunMarker", "gap_event", "marker_path"]
+if TYPE_CHECKING:
+    from kvgov.audit.persist import Refusal
+
+__all__ = [
+    "AuditStats",
+    "Evidence",
+    "Recorded",
+    "RunMarker",
+    "derive_stream_id",
+    "gap_event",
+    "marker_path",
+    "positive_seconds",
+    "quarantine_gap_event",
+]
 
 #: Where an event's evidence is: in the database, or only on this host's disk.
 Evidence = Literal["stored", "spooled"]
@@ -89,6 +105,36 @@ class AuditStats:
     def in_memory(self) -> int:
         """Events recorded but neither stored nor spooled: what ``kill -9`` would lose."""
         return max(0, self.recorded - self.durable_seq)
+
+
+def positive_seconds(name: str, value: float) -> float:
+    """Check a duration argument of ``AuditLog``.
+
+    Args:
+        name: the argument.
+        value: its value.
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        InvalidAuditEvent: it is not a finite number above zero (naming the argument).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidAuditEvent(name, f"must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise InvalidAuditEvent(name, f"must be finite, got {value!r}")
+    return float(value)
+
+
+def derive_stream_id() -> str:
+    """A stream id for a writer given none: ``<hostname>-<pid>-<8 hex>``.
+
+    Returns:
+        The id (unique per process start, so a restart is a new stream).
+    """
+    host = socket.gethostname() or "host"
+    return f"{host[:64]}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def marker_path(spool_path: Path) -> Path:
@@ -209,3 +255,29 @@ def gap_event(previous: RunMarker, last_stored_seq: int) -> AuditEvent:
             "events it recorded after last_stored_seq and held only in memory are lost",
         },
     )
+
+
+def quarantine_gap_event(refusals: list[Refusal], damaged: int, quarantine: Path) -> AuditEvent:
+    """The ``audit_gap`` event a writer records when it quarantines records.
+
+    Args:
+        refusals: the records the database refused.
+        damaged: spool lines that did not parse, quarantined too.
+        quarantine: the quarantine file.
+
+    Returns:
+        The event (``details``: ``seqs`` of the refused events, at most 100, the number
+        of ``records``, the first ``reason``, the ``quarantine`` file).
+    """
+    seqs = sorted(int(r.record[1]) for r in refusals if isinstance(r.record, tuple))
+    details: dict[str, Any] = {
+        "cause": "quarantined",
+        "seqs": seqs[:100],
+        "records": len(refusals) + damaged,
+        "reason": (refusals[0].reason if refusals else "spool line does not parse")[:500],
+        "quarantine": str(quarantine),
+    }
+    try:
+        return AuditEvent(EventType.AUDIT_GAP, details=details)
+    except InvalidAuditEvent:  # a reason text the store could not hold
+        return AuditEvent(EventType.AUDIT_GAP, details={**details, "reason": "unprintable"})

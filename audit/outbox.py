@@ -125,9 +125,7 @@ class Outbox:
             spool_size=self.spool.size() if self.spool_dirty else 0,
         )
 
-    def stored(
-        self, snap: Snapshot, replay: SpoolContents | None, refusals: list[Refusal]
-    ) -> list[Refusal]:
+    def stored(self, snap: Snapshot, replay: SpoolContents | None, refusals: list[Refusal]) -> bool:
         """The database took a snapshot (but ``refusals``): drop it from what is pending.
 
         Args:
@@ -136,7 +134,9 @@ class Outbox:
             refusals: the records the database refused.
 
         Returns:
-            The refused records now quarantined (the writer records an ``audit_gap``).
+            True when the refused records and damaged spool lines (if any) are in the
+            quarantine (the writer then records an ``audit_gap`` event), False when
+            they could only be kept in the spool.
 
         Raises:
             AuditUnavailable: refused records could be kept neither in the quarantine
@@ -158,7 +158,7 @@ class Outbox:
             self.spool.remove()
             self.spool_dirty = False
             _log.info("audit spool replayed", spool=str(self.spool.path))
-        return refusals if kept else []
+        return kept
 
     def _quarantine(
         self, refusals: list[Refusal], damaged: tuple[str, ...], fresh: set[int]

@@ -36,6 +36,7 @@ __all__ = [
     "Head",
     "Record",
     "Refusal",
+    "first_line",
     "insert_events",
     "is_refusal",
     "last_seq",
@@ -91,7 +92,15 @@ def is_refusal(exc: BaseException) -> bool:
     return pg is not None and isinstance(exc, (pg.DataError, pg.IntegrityError))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """``"<ErrorType>: <first line of the message>"``, the driver's error under SQLAlchemy's.
+
+    Args:
+        exc: the error.
+
+    Returns:
+        One line for a log or a reason.
+    """
     if isinstance(exc, sa_exc.StatementError) and exc.orig is not None:
         exc = exc.orig
     text = str(exc).strip().splitlines()
@@ -243,7 +252,7 @@ def _isolate(conn: Connection, records: Sequence[Record]) -> list[Refusal]:
         if len(records) == 1:
             with conn.begin():
                 stored = _already_stored(conn, records[0])
-            return [] if stored else [Refusal(records[0], _first_line(exc))]
+            return [] if stored else [Refusal(records[0], first_line(exc))]
         mid = len(records) // 2
         return _isolate(conn, records[:mid]) + _isolate(conn, records[mid:])
     return []

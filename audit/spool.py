@@ -37,10 +37,13 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from sqlalchemy.engine import URL
 
 from kvgov.audit.chain import canonical_json
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
@@ -53,6 +56,7 @@ __all__ = [
     "QuarantinedRecord",
     "Spool",
     "SpoolContents",
+    "default_spool_path",
     "quarantine_path",
 ]
 
@@ -294,6 +298,25 @@ class Spool:
     def remove(self) -> None:
         """Delete the spool after its records reached the database."""
         self.path.unlink(missing_ok=True)
+
+
+def default_spool_path(url: URL, stream: str) -> Path:
+    """Where a stream spools when no ``spool_path`` is given.
+
+    Args:
+        url: the audit database URL.
+        stream: the stream id (characters other than letters, digits, ``.``, ``_`` and
+            ``-`` become ``_`` in the file name).
+
+    Returns:
+        ``<db file>.<stream>.spool.jsonl`` next to a SQLite file, else
+        ``./kvgov-audit.<stream>.spool.jsonl`` in the working directory.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", stream)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        db = Path(str(url.database))
+        return db.with_name(f"{db.name}.{safe}.spool.jsonl")
+    return Path.cwd() / f"kvgov-audit.{safe}.spool.jsonl"
 
 
 def quarantine_path(spool_path: Path) -> Path:

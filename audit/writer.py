@@ -38,11 +38,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import math
 import os
-import re
-import secrets
-import socket
 import sys
 import threading
 import time
@@ -55,13 +51,29 @@ import structlog
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
-from kvgov.audit.durability import AuditStats, Recorded, RunMarker, gap_event, marker_path
-from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent, EventType
+from kvgov.audit.durability import (
+    AuditStats,
+    Recorded,
+    RunMarker,
+    derive_stream_id,
+    gap_event,
+    marker_path,
+    positive_seconds,
+    quarantine_gap_event,
+)
+from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent
 from kvgov.audit.outbox import Outbox, Snapshot
-from kvgov.audit.persist import Refusal, load_head, store_records
+from kvgov.audit.persist import Refusal, first_line, load_head, store_records
 from kvgov.audit.sealer import Item, Sealer
 from kvgov.audit.signing import SigningKey, load_signing_key
-from kvgov.audit.spool import KeyRecord, Quarantine, Spool, SpoolContents, quarantine_path
+from kvgov.audit.spool import (
+    KeyRecord,
+    Quarantine,
+    Spool,
+    SpoolContents,
+    default_spool_path,
+    quarantine_path,
+)
 from kvgov.audit.store import mask_url, normalize_url, open_engine
 from kvgov.defaults import (
     AUDIT_BATCH_SIZE,
@@ -85,32 +97,6 @@ WRITER_INTERVAL_SECONDS: Final = 0.05
 #: Seconds after a database failure before the writer tries the database again
 #: (in between, events go straight to the spool).
 DB_RETRY_SECONDS: Final = 1.0
-
-
-def _derive_stream_id() -> str:
-    host = socket.gethostname() or "host"
-    return f"{host[:64]}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _default_spool_path(url: URL, stream: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", stream)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        db = Path(str(url.database))
-        return db.with_name(f"{db.name}.{safe}.spool.jsonl")
-    return Path.cwd() / f"kvgov-audit.{safe}.spool.jsonl"
-
-
-def _seconds(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidAuditEvent(name, f"must be a positive number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise InvalidAuditEvent(name, f"must be finite, got {value!r}")
-    return float(value)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 class AuditLog:
@@ -182,16 +168,16 @@ class AuditLog:
         max_queue_age: float = AUDIT_MAX_QUEUE_AGE_SECONDS,
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
     ) -> None:
-        stream = worker_id if worker_id is not None else _derive_stream_id()
+        stream = worker_id if worker_id is not None else derive_stream_id()
         problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
         if problem is not None:
             raise InvalidAuditEvent("worker_id", problem)
         for name, value in (("checkpoint_every", checkpoint_every), ("batch_size", batch_size)):
             if value < 1:
                 raise InvalidAuditEvent(name, "must be at least 1")
-        self._critical_deadline = _seconds("critical_deadline", critical_deadline)
-        self._max_queue_age = _seconds("max_queue_age", max_queue_age)
-        self._checkpoint_seconds = _seconds("checkpoint_seconds", checkpoint_seconds)
+        self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
+        self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
+        self._checkpoint_seconds = positive_seconds("checkpoint_seconds", checkpoint_seconds)
         self._url = normalize_url(url)
         self._stream = stream
         self._clock = clock
@@ -200,12 +186,10 @@ class AuditLog:
         self._retry_seconds = retry_seconds
         loaded = load_signing_key(signing_key)
         self._key = loaded if loaded is not None else SigningKey.ephemeral()
-        path = (
-            Path(spool_path) if spool_path is not None else _default_spool_path(self._url, stream)
-        )
+        path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
         spool = Spool(path)
         self._marker = marker_path(path)
-        timeout = _seconds("statement_timeout", statement_timeout)
+        timeout = positive_seconds("statement_timeout", statement_timeout)
         try:
             self._engine: Engine = open_engine(
                 self._url, auto_upgrade=auto_upgrade, statement_timeout=timeout
@@ -259,8 +243,9 @@ class AuditLog:
 
         self._thread = threading.Thread(target=self._run, name=f"kvgov-audit-{stream}", daemon=True)
         self._thread.start()
-        self._keeper = threading.Thread(target=self._keep, name=f"kvgov-audit-keeper-{stream}")
-        self._keeper.daemon = True
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"kvgov-keeper-{stream}", daemon=True
+        )
         self._keeper.start()
         atexit.register(self._atexit)
 
@@ -580,7 +565,7 @@ class AuditLog:
                 refusals = store_records(self._engine, self._stream, replay, snap.records)
             except Exception as exc:  # unreachable, timed out, no schema, no permission
                 self._db_retry_at = time.monotonic() + self._retry_seconds
-                self._db_error = f"database: {_first_line(exc)}"
+                self._db_error = f"database: {first_line(exc)}"
                 _log.warning("audit database write failed; spooling", error=str(exc))
             finally:
                 self._db_since = None
@@ -588,30 +573,18 @@ class AuditLog:
             try:
                 if refusals is not None:
                     self._db_error = None
-                    quarantined = self._out.stored(snap, replay, refusals)
-                    if quarantined or (replay is not None and replay.damaged):
-                        self._enqueue_gap_locked(quarantined, replay)
+                    damaged = len(replay.damaged) if replay is not None else 0
+                    if self._out.stored(snap, replay, refusals) and (refusals or damaged):
+                        self._enqueue_gap_locked(refusals, damaged)
                 else:
                     self._out.spool_pending(self._db_error or "database: unavailable")
             finally:
                 self._persists += 1
                 self._cv.notify_all()
 
-    def _enqueue_gap_locked(self, refusals: list[Refusal], replay: SpoolContents | None) -> None:
+    def _enqueue_gap_locked(self, refusals: list[Refusal], damaged: int) -> None:
         """Queue an ``audit_gap`` event naming records kept in the quarantine, not the store."""
-        seqs = sorted(int(r.record[1]) for r in refusals if isinstance(r.record, tuple))
-        damaged = len(replay.damaged) if replay is not None else 0
-        details: dict[str, Any] = {
-            "cause": "quarantined",
-            "seqs": seqs[:100],
-            "records": len(refusals) + damaged,
-            "reason": (refusals[0].reason if refusals else "spool line does not parse")[:500],
-            "quarantine": str(self._out.quarantine.path),
-        }
-        try:
-            event = AuditEvent(EventType.AUDIT_GAP, details=details)
-        except InvalidAuditEvent:  # a reason text the store could not hold
-            event = AuditEvent(EventType.AUDIT_GAP, details={**details, "reason": "unprintable"})
+        event = quarantine_gap_event(refusals, damaged, self._out.quarantine.path)
         with self._lock:  # even when closed: the pass in progress seals it
             seq = self._next_seq
             self._next_seq = seq + 1

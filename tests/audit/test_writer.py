@@ -266,3 +266,25 @@ def test_sqlite_insert_respects_a_low_variable_limit(tmp_path: Path) -> None:
     dst.commit()
     assert dst.execute("SELECT count(*) FROM audit_events").fetchone()[0] == 300
     dst.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("critical_deadline", float("nan")),
+        ("critical_deadline", 0),
+        ("max_queue_age", float("inf")),
+        ("statement_timeout", -1.0),
+        ("checkpoint_seconds", True),
+        ("worker_id", "w\x00"),
+        ("worker_id", "w" * 129),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(
+    sqlite_url: str, tmp_path: Path, name: str, value: object
+) -> None:
+    """Deadlines must be finite and positive; a stream id must be storable."""
+    kwargs: dict[str, object] = {"spool_path": tmp_path / "s.jsonl", name: value}
+    with pytest.raises(InvalidAuditEvent) as info:
+        AuditLog(sqlite_url, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == name
