@@ -21,6 +21,7 @@ from typing import Final
 
 import structlog
 
+from kvgov.audit.durability import AuditStats
 from kvgov.audit.events import CRITICAL_EVENT_TYPES
 from kvgov.audit.persist import Record, Refusal
 from kvgov.audit.spool import (
@@ -106,6 +107,31 @@ class Outbox:
         self.spooled_total = 0
         #: Critical events whose evidence is only spooled: seq -> type.
         self.critical_spooled: dict[int, str] = {}
+
+    def stats(self, recorded: int, database_error: str | None) -> AuditStats:
+        """A snapshot for :meth:`kvgov.audit.AuditLog.stats`.
+
+        Args:
+            recorded: the highest ``seq`` handed out.
+            database_error: the last database error, while it fails.
+
+        Returns:
+            The stats.
+        """
+        spooled = max(0, self.durable_seq - self.stored_seq) if self.spool_dirty else 0
+        return AuditStats(
+            stream=self._stream,
+            recorded=recorded,
+            stored_seq=self.stored_seq,
+            durable_seq=self.durable_seq,
+            spooled=spooled,
+            spooled_total=self.spooled_total,
+            quarantined=self.quarantined,
+            damaged_lines=self.damaged,
+            critical_spooled=tuple(f"{self._stream}:{s}" for s in self.critical_spooled),
+            database_error=database_error,
+            unavailable=self.unavailable,
+        )
 
     def snapshot(self) -> Snapshot | None:
         """Copy what is pending, or None when there is nothing to write.

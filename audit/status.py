@@ -14,6 +14,7 @@ this host until the spool is replayed: status lists each one.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,6 @@ def _base_of(path: Path) -> Path | None:
 
 
 def _alive(marker: RunMarker) -> bool | None:
-    import socket
-
     if not marker.pid or marker.host != socket.gethostname():
         return None
     try:

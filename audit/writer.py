@@ -267,11 +267,6 @@ class AuditLog:
         return self._out.spool.path
 
     @property
-    def quarantine_path(self) -> Path:
-        """Where records the database refused are kept."""
-        return self._out.quarantine.path
-
-    @property
     def spooled(self) -> bool:
         """Whether events are waiting in the spool for the database to return."""
         return self._out.spool_dirty
@@ -308,9 +303,9 @@ class AuditLog:
     def record_durable(self, event: AuditEvent) -> Recorded:
         """Append an event and return once it is durable, saying where its evidence is.
 
-        Waits at most ``critical_deadline`` seconds for the database (plus one spool
-        write): past it, the event and everything queued before it are written to
-        the spool on the caller's thread and the result says ``"spooled"``.
+        Waits for the database at most ``critical_deadline`` seconds, and no longer
+        once the database call in flight has not returned for ``max_queue_age``; then
+        the event and everything before it are spooled on the caller's thread.
 
         Args:
             event: the event (of any type; critical types are what it is meant for).
@@ -325,8 +320,7 @@ class AuditLog:
                 caller must refuse the operation), or the log is closed.
             InvalidAuditEvent: ``event`` is not an :class:`AuditEvent`.
         """
-        seq = self._enqueue(event)
-        return self._await_durable(seq)
+        return self._await_durable(self._enqueue(event))
 
     def raise_if_unavailable(self) -> None:
         """Cheap check for callers about to do something that must be audited.
@@ -347,27 +341,15 @@ class AuditLog:
         with self._lock:
             recorded = self._next_seq - 1
         with self._cv:
-            out = self._out
-            return AuditStats(
-                stream=self._stream,
-                recorded=recorded,
-                stored_seq=out.stored_seq,
-                durable_seq=out.durable_seq,
-                spooled=max(0, out.durable_seq - out.stored_seq) if out.spool_dirty else 0,
-                spooled_total=out.spooled_total,
-                quarantined=out.quarantined,
-                damaged_lines=out.damaged,
-                critical_spooled=tuple(f"{self._stream}:{s}" for s in out.critical_spooled),
-                database_error=self._db_error,
-                unavailable=out.unavailable,
-            )
+            return self._out.stats(recorded, self._db_error)
 
     def flush(self) -> None:
         """Write everything recorded so far (database, or spool while it is down).
 
-        Also replays the spool when the database is reachable again. Waits while the
-        writer makes progress; after ``critical_deadline`` seconds without progress
-        (a hung database) the rest is spooled on the caller's thread.
+        Tries the database now (whatever ``retry_seconds`` says) and replays the spool
+        when it is reachable again. Waits while the writer makes progress; after
+        ``critical_deadline`` seconds without progress, or when two attempts could
+        write nowhere, the rest is spooled on the caller's thread (or kept in memory).
 
         Raises:
             AuditUnavailable: some events could be written neither to the database nor
@@ -377,15 +359,16 @@ class AuditLog:
             target = self._next_seq - 1
         with self._cv:
             begun = self._persists
+            self._db_retry_at = 0.0  # an explicit flush tries the database now
             self._wake.set()
-            self._wait_locked(
+            why = self._wait_locked(
                 lambda: (
                     self._out.durable_seq >= target
                     and (not self._out.spool_dirty or self._persists >= begun + 2)
                 )
             )
             if self._out.durable_seq < target:
-                self._spool_now_locked("the audit database did not answer in time (flush)")
+                self._spool_now_locked(why or "the audit database did not answer (flush)")
         if self._out.durable_seq < target:
             raise AuditUnavailable(self._out.unavailable or "events are still pending")
 
@@ -406,11 +389,12 @@ class AuditLog:
             self._closed = True
         atexit.unregister(self._atexit)
         self._stop = True
+        self._db_retry_at = 0.0  # the final pass tries the database once more
         self._wake.set()
         with self._cv:
-            self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
+            why = self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
             if self._thread.is_alive():  # stuck in a database call: spool the rest
-                self._spool_now_locked("the audit database did not answer in time (close)", True)
+                self._spool_now_locked(why or "the audit database did not answer (close)", True)
         self._keeper_stop.set()
         self._keeper.join()
         if not self._thread.is_alive():
@@ -441,27 +425,42 @@ class AuditLog:
             self._dq.append((seq, round(self._clock() * 1_000_000), event))
         return seq
 
-    def _stuck_in(self) -> float | None:
-        """Seconds until the database call in flight counts as hung (<= 0: it does), or None."""
+    def _give_up(self, end: float, begun: int, hang: bool) -> str | None:
+        """Why a caller waiting on ``cv`` stops waiting for the writer, or None.
+
+        It stops at its deadline ``end``, when two database attempts made since it
+        started waiting (``begun``) could write nowhere, and (``hang``) when the
+        database call in flight has not returned for ``max_queue_age``.
+        """
+        now = time.monotonic()
+        if now >= end:
+            return f"the audit database did not answer within {self._critical_deadline:g} s"
+        if self._out.unavailable is not None and self._persists >= begun + 2:
+            return self._db_error or "the audit database is unavailable"
         since = self._db_since
-        return None if since is None else since + self._max_queue_age - time.monotonic()
+        if hang and since is not None and now - since >= self._max_queue_age:
+            return f"an audit database call has not returned for {self._max_queue_age:g} s"
+        return None
+
+    def _next_wake(self, end: float, hang: bool) -> float:
+        """Seconds until ``end`` or (``hang``) until the call in flight counts as hung."""
+        since = self._db_since
+        wake = end - time.monotonic()
+        if hang and since is not None:
+            wake = min(wake, since + self._max_queue_age - time.monotonic())
+        return max(wake, 0.001)
 
     def _await_durable(self, seq: int) -> Recorded:
         end = time.monotonic() + self._critical_deadline
         with self._cv:
+            begun = self._persists
             self._wake.set()
             while self._out.durable_seq < seq:
-                remaining = end - time.monotonic()
-                stuck_in = self._stuck_in()
-                if remaining <= 0 or (stuck_in is not None and stuck_in <= 0):
-                    self._spool_now_locked(
-                        f"the audit database did not answer within {self._critical_deadline:g} s"
-                        if remaining <= 0
-                        else "an audit database call has not returned "
-                        f"for {self._max_queue_age:g} s"
-                    )
+                why = self._give_up(end, begun, hang=True)
+                if why is not None:
+                    self._spool_now_locked(why)  # raises AuditUnavailable if the spool fails
                     break
-                self._cv.wait(remaining if stuck_in is None else min(remaining, stuck_in))
+                self._cv.wait(self._next_wake(end, hang=True))
             if self._out.durable_seq < seq:  # pragma: no cover - _spool_now_locked raised
                 raise AuditUnavailable(self._out.unavailable or "the event could not be written")
             event_id = f"{self._stream}:{seq}"
@@ -471,19 +470,20 @@ class AuditLog:
 
     def _wait_locked(
         self, done: Callable[[], bool], poll: float | None = None, *, hang: bool = False
-    ) -> None:
-        """Wait on ``cv`` until ``done()`` or ``critical_deadline`` without durable progress,
-        or (``hang``) until a database call has not returned for ``max_queue_age``."""
-        durable, end = self._out.durable_seq, time.monotonic() + self._critical_deadline
+    ) -> str | None:
+        """Wait on ``cv`` until ``done()`` or :meth:`_give_up` says why not (the deadline
+        restarts whenever the writer makes durable progress); return that reason."""
+        begun, durable = self._persists, self._out.durable_seq
+        end = time.monotonic() + self._critical_deadline
         while not done():
             if self._out.durable_seq != durable:
                 durable, end = self._out.durable_seq, time.monotonic() + self._critical_deadline
-            remaining = end - time.monotonic()
-            stuck_in = self._stuck_in() if hang else None
-            if remaining <= 0 or (stuck_in is not None and stuck_in <= 0):
-                return
-            wait = remaining if stuck_in is None else min(remaining, stuck_in)
+            why = self._give_up(end, begun, hang)
+            if why is not None:
+                return why
+            wait = self._next_wake(end, hang)
             self._cv.wait(wait if poll is None else min(poll, wait))
+        return None
 
     def _backpressure(self) -> None:
         while len(self._dq) >= self._queue_size:
