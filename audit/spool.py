@@ -4,7 +4,8 @@ A spool is an append-only JSON Lines file, one per stream, next to the database
 (or where ``spool_path`` says). Events are written to it already sealed (with their
 sequence number, previous hash and hash), so the chain is the same one the database
 will hold; when the database is reachable again the writer replays the spool in
-order, inside one transaction, and then removes the file.
+order, inside one transaction (skipping what the database already holds), and then
+removes the file if nothing was appended to it meanwhile.
 
 Line formats (one JSON object per line, ``\\n``-terminated; a last line without
 ``\\n`` is a write cut short by a crash and is ignored)::
@@ -18,7 +19,7 @@ Line formats (one JSON object per line, ``\\n``-terminated; a last line without
      "origin": ..., "stream": ..., "time_us": ...}
 
 Every write is flushed and ``fsync``-ed before the writer reports it durable. A write
-cut short by a crash is terminated with ``\n`` before the next append, and a line that
+cut short by a crash is terminated with ``\\n`` before the next append, and a line that
 does not parse is skipped by :meth:`Spool.read` and returned in
 :attr:`SpoolContents.damaged`, so one bad line never stops a replay.
 
@@ -28,7 +29,8 @@ holds the records the database refused, in the same line formats with two more k
 quarantine replay`` later stores one, it appends a line
 ``{"kind": "resolved", "record": "event"|"checkpoint"|"key", "stream": ..., "seq": ...,
 "key_id": ..., "resolved_us": ...}``. Both files are only ever appended to (under
-``flock``, so the writer and the command can append at the same time).
+``flock``, so the writer and the command can append at the same time); only a
+replayed spool is removed, by its writer.
 """
 
 from __future__ import annotations
