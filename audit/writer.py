@@ -520,13 +520,14 @@ class AuditLog:
         while not self._keeper_stop.wait(period):
             since = self._db_since
             stuck = since is not None and time.monotonic() - since >= self._max_queue_age
-            idle = self._out.durable_seq == durable and self._out.durable_seq < mark
+            # no call in flight, yet nothing became durable while events waited a period
+            idle = since is None and self._out.durable_seq == durable < mark
             durable = self._out.durable_seq
             with self._lock:
                 mark = self._next_seq - 1
             if (stuck or idle) and self._out.durable_seq < mark:
                 with self._cv, contextlib.suppress(AuditUnavailable):
-                    self._spool_now_locked("an audit database call did not return in time")
+                    self._spool_now_locked("the audit database or its writer is not keeping up")
 
     # ------------------------------------------------------------------ sealing
 
