@@ -544,7 +544,7 @@ class AuditLog:
     # ------------------------------------------------------------------ persisting
 
     def _pass(self, *, final: bool = False) -> None:
-        """Seal and persist everything queued, a batch at a time (the writer's one pass)."""
+        """Seal and persist everything queued, a batch at a time."""
         while True:
             with self._cv:
                 self._seal_from_queue_locked(self._batch_size, final)
@@ -560,7 +560,9 @@ class AuditLog:
         replay: SpoolContents | None = None
         now = time.monotonic()
         if now >= self._db_retry_at:
-            self._db_since = now
+            with self._cv:  # waiters re-time their wait: this call may hang
+                self._db_since = now
+                self._cv.notify_all()
             try:
                 replay = self._out.spool.read() if snap.replay else None
                 refusals = store_records(self._engine, self._stream, replay, snap.records)
