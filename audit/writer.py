@@ -443,7 +443,7 @@ class AuditLog:
         return None
 
     def _next_wake(self, end: float, hang: bool) -> float:
-        """Seconds until ``end`` or (``hang``) until the call in flight counts as hung."""
+        """Seconds until ``end`` or (``hang``) until the call in flight is hung."""
         since = self._db_since
         wake = end - time.monotonic()
         if hang and since is not None:
@@ -471,8 +471,7 @@ class AuditLog:
     def _wait_locked(
         self, done: Callable[[], bool], poll: float | None = None, *, hang: bool = False
     ) -> str | None:
-        """Wait on ``cv`` until ``done()`` or :meth:`_give_up` says why not (the deadline
-        restarts whenever the writer makes durable progress); return that reason."""
+        """Wait on ``cv`` for ``done()`` (deadline reset on progress); else say why not."""
         begun, durable = self._persists, self._out.durable_seq
         end = time.monotonic() + self._critical_deadline
         while not done():
