@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvgov-installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench bench-vllm clean
+.PHONY: install demo test test-faults lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,13 @@ demo: $(STAMP)
 	$(VENV)/bin/kvgov demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults"
+
+# The fault suite (tests/faults): PostgreSQL frozen and killed during load, the spool's
+# disk full, a worker killed with SIGKILL; prints what happened to the events
+# (written, spooled, quarantined, lost). .ci/run runs it after `make test`.
+test-faults: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m faults tests/faults
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,15 +1,17 @@
-"""``kvgov audit ...`` (verification, compliance queries) and ``kvgov db ...`` (schema).
+"""``kvgov audit ...`` (verification, compliance queries, spool status) and ``kvgov db ...``.
 
 Every command takes ``--url`` (default: ``$KVGOV_AUDIT_URL``, else
 ``kvgov.defaults.AUDIT_URL``). Query commands print a rich table, or ``--json`` (a
-JSON array) or ``--csv``. ``kvgov audit verify`` exits 1 on any integrity failure.
+JSON array) or ``--csv``. Errors are one line saying what to do, and the exit status
+says what kind of failure it is (:mod:`kvgov.audit.cli_errors`): 1 evidence (``verify``
+found tampering), 2 usage, 3 environment (the database is unreachable, lacks the
+schema or a permission).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -20,28 +22,23 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvgov.audit.cli_common import default_url, url_option
+from kvgov.audit.cli_errors import EXIT_EVIDENCE, ErrorsToExitCodes
+from kvgov.audit.cli_ops import quarantine_group, status_cmd, streams_cmd
+from kvgov.audit.expect import load_expected_streams
 from kvgov.audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
-from kvgov.audit.signing import generate_key_files, load_public_key
+from kvgov.audit.signing import generate_key_files, key_id, load_public_key
 from kvgov.audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
-from kvgov.audit.verify import verify
-from kvgov.defaults import AUDIT_URL, AUDIT_URL_ENV
-from kvgov.exceptions import KVGovError
+from kvgov.audit.verify import VerifyReport, verify
+from kvgov.defaults import VERIFY_MAX_UNSIGNED_EVENTS, VERIFY_MAX_UNSIGNED_SECONDS
 
 __all__ = ["audit_group", "db_group"]
 
 _T = TypeVar("_T")
 
 
-def _default_url() -> str:
-    return os.environ.get(AUDIT_URL_ENV) or AUDIT_URL
-
-
-_url_option = click.option(
-    "--url",
-    default=None,
-    metavar="URL",
-    help=f"Audit database URL [default: ${AUDIT_URL_ENV} or {AUDIT_URL}].",
-)
+_default_url = default_url
+_url_option = url_option
 
 
 def _output_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,22 +100,20 @@ def _emit(
     Console().print(table)
 
 
-def _fail(exc: Exception) -> click.ClickException:
-    return click.ClickException(str(exc))
-
-
 def _query(url: str | None, ask: Callable[[AuditQueries], _T]) -> _T:
-    """Ask the queries on ``url`` (or the default); kvgov errors become usage errors."""
-    try:
-        with AuditQueries(url or _default_url()) as q:
-            return ask(q)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    """Ask the queries on ``url`` (or the default)."""
+    with AuditQueries(url or _default_url()) as q:
+        return ask(q)
 
 
-@click.group("audit")
+@click.group("audit", cls=ErrorsToExitCodes)
 def audit_group() -> None:
-    """Verify the audit trail and run compliance queries."""
+    """Verify the audit trail, run compliance queries, inspect spools and quarantines."""
+
+
+audit_group.add_command(status_cmd)
+audit_group.add_command(quarantine_group)
+audit_group.add_command(streams_cmd)
 
 
 @audit_group.command("verify")
@@ -131,75 +126,123 @@ def audit_group() -> None:
     help="Trusted checkpoint public key (PEM); repeatable. Without it, checkpoints are "
     "checked against self-recorded keys and reported as untrusted.",
 )
+@click.option(
+    "--require-checkpoints",
+    is_flag=True,
+    help="Fail a stream that no signed checkpoint covers, or that ends more than "
+    "--max-unsigned-events events or --max-unsigned-seconds after its last one.",
+)
+@click.option(
+    "--max-unsigned-events",
+    type=click.IntRange(min=0),
+    default=VERIFY_MAX_UNSIGNED_EVENTS,
+    show_default=True,
+    help="With --require-checkpoints: most events after a stream's last signed checkpoint.",
+)
+@click.option(
+    "--max-unsigned-seconds",
+    type=click.FloatRange(min=0),
+    default=VERIFY_MAX_UNSIGNED_SECONDS,
+    show_default=True,
+    help="With --require-checkpoints: most seconds of event time after it.",
+)
+@click.option(
+    "--expect-streams",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A signed list of the streams that must exist (`kvgov audit streams`); its "
+    "signer must be a --public-key.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def verify_cmd(
-    url: str | None, public_keys: tuple[Path, ...], as_json: bool, no_progress: bool
+    url: str | None,
+    public_keys: tuple[Path, ...],
+    require_checkpoints: bool,
+    max_unsigned_events: int,
+    max_unsigned_seconds: float,
+    expect_streams: Path | None,
+    as_json: bool,
+    no_progress: bool,
 ) -> None:
     """Recompute every hash chain and check every signed checkpoint (exit 1 on failure)."""
-    try:
-        keys = [load_public_key(p) for p in public_keys] if public_keys else None
-        report = verify(url or _default_url(), keys, progress=not (no_progress or as_json))
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    keys = [load_public_key(p) for p in public_keys] if public_keys else None
+    expected = None
+    if expect_streams is not None:
+        if not keys:
+            raise click.UsageError(
+                "--expect-streams needs --public-key with the key that signed the list"
+            )
+        expected = load_expected_streams(expect_streams, {key_id(k): k for k in keys})
+    report = verify(
+        url or _default_url(),
+        keys,
+        progress=not (no_progress or as_json),
+        require_checkpoints=require_checkpoints,
+        max_unsigned_events=max_unsigned_events,
+        max_unsigned_seconds=max_unsigned_seconds,
+        expected=expected,
+    )
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": report.ok,
-                    "events": report.events,
-                    "checkpoints": report.checkpoints,
-                    "untrusted_checkpoints": report.untrusted_checkpoints,
-                    "trusted_keys": list(report.trusted_keys),
-                    "seconds": report.seconds,
-                    "streams": [
-                        {
-                            "stream": s.stream,
-                            "ok": s.ok,
-                            "events": s.events,
-                            "last_seq": s.last_seq,
-                            "head_hash": s.head_hash,
-                            "checkpoints": s.checkpoints,
-                            "last_checkpoint_seq": s.last_checkpoint_seq,
-                            "untrusted_checkpoints": s.untrusted_checkpoints,
-                            "problems": [
-                                {"seq": p.seq, "kind": p.kind, "message": p.message}
-                                for p in s.problems
-                            ],
-                        }
-                        for s in report.streams
-                    ],
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(_report_json(report), indent=2))
     else:
-        console = Console()
-        table = Table(title=f"audit verification: {report.events} events")
-        for c in ("stream", "events", "last seq", "checkpoints", "status", "first bad event"):
-            table.add_column(c)
-        for s in report.streams:
-            fb = s.first_bad
-            table.add_row(
-                s.stream,
-                str(s.events),
-                str(s.last_seq),
-                str(s.checkpoints),
-                "[green]ok[/]" if s.ok else "[red]FAILED[/]",
-                "" if fb is None else f"seq {fb.seq}: {fb.kind}: {fb.message}",
-            )
-        console.print(table)
-        if report.untrusted_checkpoints:
-            console.print(
-                f"[yellow]{report.untrusted_checkpoints} checkpoint(s) are signed by keys the "
-                "writers recorded themselves (untrusted); pass --public-key to trust a key.[/]"
-            )
-        console.print(
-            f"{'[green]OK[/]' if report.ok else '[red]FAILED[/]'}: {report.events} events, "
-            f"{report.checkpoints} checkpoints in {report.seconds:.2f} s"
-        )
+        _print_report(report)
     if not report.ok:
-        sys.exit(1)
+        sys.exit(EXIT_EVIDENCE)
+
+
+def _report_json(report: VerifyReport) -> dict[str, Any]:
+    return {
+        "ok": report.ok,
+        "events": report.events,
+        "checkpoints": report.checkpoints,
+        "untrusted_checkpoints": report.untrusted_checkpoints,
+        "trusted_keys": list(report.trusted_keys),
+        "seconds": report.seconds,
+        "streams": [
+            {
+                "stream": s.stream,
+                "ok": s.ok,
+                "events": s.events,
+                "last_seq": s.last_seq,
+                "head_hash": s.head_hash,
+                "checkpoints": s.checkpoints,
+                "last_checkpoint_seq": s.last_checkpoint_seq,
+                "untrusted_checkpoints": s.untrusted_checkpoints,
+                "problems": [
+                    {"seq": p.seq, "kind": p.kind, "message": p.message} for p in s.problems
+                ],
+            }
+            for s in report.streams
+        ],
+    }
+
+
+def _print_report(report: VerifyReport) -> None:
+    console = Console()
+    table = Table(title=f"audit verification: {report.events} events")
+    for c in ("stream", "events", "last seq", "checkpoints", "status", "first bad event"):
+        table.add_column(c)
+    for s in report.streams:
+        fb = s.first_bad
+        table.add_row(
+            s.stream,
+            str(s.events),
+            str(s.last_seq),
+            str(s.checkpoints),
+            "[green]ok[/]" if s.ok else "[red]FAILED[/]",
+            "" if fb is None else f"seq {fb.seq}: {fb.kind}: {fb.message}",
+        )
+    console.print(table)
+    if report.untrusted_checkpoints:
+        console.print(
+            f"[yellow]{report.untrusted_checkpoints} checkpoint(s) are signed by keys the "
+            "writers recorded themselves (untrusted); pass --public-key to trust a key.[/]"
+        )
+    console.print(
+        f"{'[green]OK[/]' if report.ok else '[red]FAILED[/]'}: {report.events} events, "
+        f"{report.checkpoints} checkpoints in {report.seconds:.2f} s"
+    )
 
 
 @audit_group.command("reuse")
@@ -350,17 +393,14 @@ def checkpoints_cmd(stream: str | None, as_json: bool, url: str | None) -> None:
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 def keygen_cmd(path: Path) -> None:
     """Generate an Ed25519 checkpoint key: PATH (0600) and PATH.pub."""
-    try:
-        files = generate_key_files(path)
-    except KVGovError as exc:
-        raise _fail(exc) from exc
+    files = generate_key_files(path)
     click.echo(f"private key: {files.private}\npublic key:  {files.public}\nkey id: {files.key_id}")
 
 
 # --------------------------------------------------------------------------- db
 
 
-@click.group("db")
+@click.group("db", cls=ErrorsToExitCodes)
 def db_group() -> None:
     """Manage the audit database schema (Alembic migrations)."""
 
@@ -374,10 +414,7 @@ def _migrate(
 ) -> None:
     """Run ``upgrade`` or ``downgrade``; print the SQL (offline) or the revision reached."""
     target = _db_url(url_arg, url)
-    try:
-        out = run(target, revision, sql=sql)
-    except Exception as exc:
-        raise _fail(exc) from exc
+    out = run(target, revision, sql=sql)
     if sql:
         click.echo(out)
     else:
@@ -410,10 +447,7 @@ def downgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool
 def current_cmd(url_arg: str | None, url: str | None) -> None:
     """Print the database's schema revision and the one this kvgov needs."""
     target = _db_url(url_arg, url)
-    try:
-        cur = current_revision(target)
-    except Exception as exc:
-        raise _fail(exc) from exc
+    cur = current_revision(target)
     head = head_revision()
     state = "up to date" if cur == head else "run `kvgov db upgrade`"
     click.echo(f"{mask_url(target)}: current {cur or 'none'}, head {head} ({state})")

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any, Final
 
 from kvgov.exceptions import InvalidAuditEvent
-from kvgov.schema import SCOPE_FIELDS
+from kvgov.schema import SCOPE_FIELDS, TEXT_LIMITS, text_problem
 
 __all__ = [
     "CRITICAL_EVENT_TYPES",
@@ -46,7 +46,15 @@ FIELDS: Final = (
 _COUNT_FIELDS: Final = ("token_count", "reused_tokens")
 _TEXT_FIELDS: Final = tuple(f for f in FIELDS if f not in _COUNT_FIELDS)
 _TEXT_GETTER: Final = attrgetter(*_TEXT_FIELDS)
+_TEXT_LIMITS: Final = tuple(TEXT_LIMITS[f] for f in _TEXT_FIELDS)
+#: Every text value at most this long fits every column (the fast path's test).
+_SHORTEST_LIMIT: Final = min(_TEXT_LIMITS)
 _STR_OR_NONE: Final = frozenset({str, type(None)})
+#: Largest count a ``bigint`` column holds.
+MAX_COUNT: Final = 2**63 - 1
+#: Integers in ``details`` must be smaller in magnitude than this: the range of a double,
+#: so every integral float fits, and JSON encoders and JSONB take them all.
+MAX_DETAIL_INT: Final = 2**1024
 
 
 class EventType(StrEnum):
@@ -67,6 +75,11 @@ class EventType(StrEnum):
     SECRET_ROTATION = "secret_rotation"
     RETENTION_SWEEP = "retention_sweep"
     LIFECYCLE = "lifecycle"
+    #: Written by the audit writer itself: events of this stream are missing from the
+    #: store (``details.cause``: ``unclean_stop`` after a writer died with events only in
+    #: memory, naming ``last_stored_seq``; ``quarantined`` when the database refused
+    #: records, naming their ``seqs`` and the quarantine file).
+    AUDIT_GAP = "audit_gap"
 
 
 #: Security-critical event types: ``AuditLog.record`` writes them (database or spool)
@@ -110,11 +123,14 @@ def _clean(value: Any, path: str, depth: int) -> Any:
     """
     if depth > _MAX_DEPTH:
         raise InvalidAuditEvent("details", f"nested deeper than {_MAX_DEPTH} levels at {path}")
-    if value is None or isinstance(value, (bool, str)):
-        if isinstance(value, str) and "\x00" in value:
-            raise InvalidAuditEvent("details", f"NUL character in string at {path}")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        _check_detail_text(value, path)
         return value
     if isinstance(value, int):
+        if not -MAX_DETAIL_INT < value < MAX_DETAIL_INT:
+            raise InvalidAuditEvent("details", f"integer at {path} is beyond the range of a double")
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -125,6 +141,7 @@ def _clean(value: Any, path: str, depth: int) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidAuditEvent("details", f"non-string key {k!r} at {path}")
+            _check_detail_text(k, f"a key of {path}")
             if k.lower() in FORBIDDEN_DETAIL_KEYS:
                 raise InvalidAuditEvent(
                     "details",
@@ -136,6 +153,37 @@ def _clean(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, (list, tuple)):
         return [_clean(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     raise InvalidAuditEvent("details", f"{type(value).__name__} at {path} is not JSON")
+
+
+def _check_detail_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise InvalidAuditEvent("details", f"NUL character in string at {path}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidAuditEvent("details", f"lone surrogate in string at {path}") from None
+
+
+def _check_texts(texts: tuple[str | None, ...]) -> None:
+    """Refuse text the store would refuse (:func:`kvgov.schema.text_problem`), naming the field.
+
+    One C-level pass over the joined values for the common case (short ASCII
+    identifiers); the loop runs only when that pass finds something to look at.
+    """
+    present = [t for t in texts if t]
+    joined = "".join(present)
+    if (
+        joined.isascii()
+        and "\x00" not in joined
+        and (len(joined) <= _SHORTEST_LIMIT or max(map(len, present)) <= _SHORTEST_LIMIT)
+    ):
+        return
+    for name, value, limit in zip(_TEXT_FIELDS, texts, _TEXT_LIMITS, strict=True):
+        if value is not None:
+            problem = text_problem(value, limit)
+            if problem is not None:
+                raise InvalidAuditEvent(name, problem)
 
 
 def _is_block_id(value: Any) -> bool:
@@ -154,6 +202,8 @@ def _check_str(name: str, value: object) -> None:
 def _check_count(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise InvalidAuditEvent(name, f"must be a non-negative int or None, got {value!r}")
+    if value is not None and value > MAX_COUNT:
+        raise InvalidAuditEvent(name, f"must be at most {MAX_COUNT} (a bigint), got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +211,12 @@ class AuditEvent:
     """One auditable act, as a caller describes it.
 
     Validated at construction (on the caller's thread), so that ``record`` stays a
-    queue append: an unknown ``type``, a wrong-typed field, or ``details`` that are
-    not JSON or hold a forbidden key raise :class:`~kvgov.exceptions.InvalidAuditEvent`.
+    queue append and the store never refuses the event: an unknown ``type``, a
+    wrong-typed field, text the store cannot hold (longer than its column in
+    :data:`kvgov.schema.TEXT_LIMITS`, a NUL character, a lone surrogate), a count beyond
+    a bigint, or ``details`` that are not JSON, hold such text or an integer beyond
+    the range of a double, or hold a forbidden key raise
+    :class:`~kvgov.exceptions.InvalidAuditEvent` naming the field.
     ``details`` is deep-copied, so later changes to the caller's dict do not leak in.
 
     Args:
@@ -221,6 +275,7 @@ class AuditEvent:
         if not set(map(type, texts)) <= _STR_OR_NONE:
             for name, value in zip(_TEXT_FIELDS, texts, strict=True):
                 _check_str(name, value)
+        _check_texts(texts)
         _check_count("token_count", self.token_count)
         _check_count("reused_tokens", self.reused_tokens)
         block_ids = self.block_ids

@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from kvgov.audit.events import FIELDS
+from kvgov.schema import TEXT_LIMITS
 
 __all__ = ["AuditCheckpoint", "AuditEventRow", "AuditKey", "Base", "metadata"]
 
@@ -74,28 +75,30 @@ class AuditEventRow(Base):
 
     #: Writer stream (worker) id; each stream has its own hash chain. The event id is
     #: ``"<stream>:<seq>"`` and ``(stream, seq)`` is the primary key.
-    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    stream: Mapped[str] = mapped_column(String(TEXT_LIMITS["stream"]), primary_key=True)
     #: Sequence number within the stream, 1, 2, 3, ... without gaps.
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     #: When the event was recorded: microseconds since 1970-01-01 UTC.
     time_us: Mapped[int] = mapped_column(BigInteger)
     #: An ``kvgov.audit.EventType`` value.
-    type: Mapped[str] = mapped_column(String(32))
-    tenant: Mapped[str | None] = mapped_column(String(256))
-    requester_tenant: Mapped[str | None] = mapped_column(String(256))
-    classification: Mapped[str | None] = mapped_column(String(256))
-    model: Mapped[str | None] = mapped_column(String(256))
-    model_revision: Mapped[str | None] = mapped_column(String(256))
-    adapter: Mapped[str | None] = mapped_column(String(256))
-    adapter_revision: Mapped[str | None] = mapped_column(String(256))
-    tokenizer: Mapped[str | None] = mapped_column(String(256))
-    tokenizer_revision: Mapped[str | None] = mapped_column(String(256))
-    template_version: Mapped[str | None] = mapped_column(String(256))
-    sequence_id: Mapped[str | None] = mapped_column(String(256))
+    type: Mapped[str] = mapped_column(String(TEXT_LIMITS["type"]))
+    tenant: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["tenant"]))
+    requester_tenant: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["requester_tenant"]))
+    classification: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["classification"]))
+    model: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["model"]))
+    model_revision: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["model_revision"]))
+    adapter: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["adapter"]))
+    adapter_revision: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["adapter_revision"]))
+    tokenizer: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["tokenizer"]))
+    tokenizer_revision: Mapped[str | None] = mapped_column(
+        String(TEXT_LIMITS["tokenizer_revision"])
+    )
+    template_version: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["template_version"]))
+    sequence_id: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["sequence_id"]))
     token_count: Mapped[int | None] = mapped_column(BigInteger)
     reused_tokens: Mapped[int | None] = mapped_column(BigInteger)
-    decision_id: Mapped[str | None] = mapped_column(String(64))
-    policy_revision: Mapped[str | None] = mapped_column(String(128))
+    decision_id: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["decision_id"]))
+    policy_revision: Mapped[str | None] = mapped_column(String(TEXT_LIMITS["policy_revision"]))
     #: KV block ids involved (JSON array of ints).
     block_ids: Mapped[list[int]] = mapped_column(_JSON)
     #: Extra facts (JSON object); never tokens or text.
@@ -112,7 +115,7 @@ class AuditCheckpoint(Base):
     __tablename__ = "audit_checkpoints"
     __table_args__ = ({"sqlite_with_rowid": False},)
 
-    stream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    stream: Mapped[str] = mapped_column(String(TEXT_LIMITS["stream"]), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     chain_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
     #: Ed25519 signature over ``kvgov.audit.signing.checkpoint_message(stream, seq, chain_hash)``.
@@ -137,7 +140,7 @@ class AuditKey(Base):
     #: "configured" or "ephemeral" (generated because no key was configured).
     origin: Mapped[str] = mapped_column(String(16))
     #: The stream that first recorded it.
-    stream: Mapped[str] = mapped_column(String(128))
+    stream: Mapped[str] = mapped_column(String(TEXT_LIMITS["stream"]))
     time_us: Mapped[int] = mapped_column(BigInteger)
 
 

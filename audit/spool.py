@@ -4,7 +4,8 @@ A spool is an append-only JSON Lines file, one per stream, next to the database
 (or where ``spool_path`` says). Events are written to it already sealed (with their
 sequence number, previous hash and hash), so the chain is the same one the database
 will hold; when the database is reachable again the writer replays the spool in
-order, inside one transaction, and then removes the file.
+order, inside one transaction (skipping what the database already holds), and then
+removes the file if nothing was appended to it meanwhile.
 
 Line formats (one JSON object per line, ``\\n``-terminated; a last line without
 ``\\n`` is a write cut short by a crash and is ignored)::
@@ -17,23 +18,49 @@ Line formats (one JSON object per line, ``\\n``-terminated; a last line without
     {"kind": "key", "key_id": ..., "algorithm": "ed25519", "public_key": "<hex>",
      "origin": ..., "stream": ..., "time_us": ...}
 
-Every write is flushed and ``fsync``-ed before the writer reports it durable.
+Every write is flushed and ``fsync``-ed before the writer reports it durable. A write
+cut short by a crash is terminated with ``\\n`` before the next append, and a line that
+does not parse is skipped by :meth:`Spool.read` and returned in
+:attr:`SpoolContents.damaged`, so one bad line never stops a replay.
+
+The **quarantine** (:class:`Quarantine`, ``<name>.quarantine.jsonl`` next to the spool)
+holds the records the database refused, in the same line formats with two more keys,
+``"refused"`` (the database's reason) and ``"quarantined_us"``; when ``kvgov audit
+quarantine replay`` later stores one, it appends a line
+``{"kind": "resolved", "record": "event"|"checkpoint"|"key", "stream": ..., "seq": ...,
+"key_id": ..., "resolved_us": ...}``. Both files are only ever appended to (under
+``flock``, so the writer and the command can append at the same time); only a
+replayed spool is removed, by its writer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from sqlalchemy.engine import URL
 
 from kvgov.audit.chain import canonical_json
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 
-__all__ = ["CheckpointRecord", "EventRecord", "KeyRecord", "Spool", "SpoolContents"]
+__all__ = [
+    "CheckpointRecord",
+    "EventRecord",
+    "KeyRecord",
+    "Quarantine",
+    "QuarantinedRecord",
+    "Spool",
+    "SpoolContents",
+    "default_spool_path",
+    "quarantine_path",
+]
 
 #: A sealed event in ``EVENT_INSERT_COLUMNS`` order; block_ids and details as canonical
 #: JSON text, hashes as bytes or bytearray (the writer's rows hold bytearrays).
@@ -90,11 +117,18 @@ class SpoolContents:
         events: sealed events.
         checkpoints: checkpoints.
         keys: recorded keys.
+        damaged: complete lines that do not parse (disk damage, a foreign edit), as text.
     """
 
     events: tuple[EventRecord, ...]
     checkpoints: tuple[CheckpointRecord, ...]
     keys: tuple[KeyRecord, ...]
+    damaged: tuple[str, ...] = ()
+
+    @property
+    def last_seq(self) -> int:
+        """The highest event ``seq`` spooled (0 when none)."""
+        return max((int(r[1]) for r in self.events), default=0)
 
 
 _BLOCK_IDS = EVENT_INSERT_COLUMNS.index("block_ids")
@@ -133,6 +167,63 @@ def _event_from(d: dict[str, Any]) -> EventRecord:
     return tuple(out)
 
 
+def _append_lines(path: Path, lines: Sequence[str]) -> None:
+    """Append lines under an exclusive ``flock`` and fsync; terminate a torn last line first."""
+    if not lines:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # a crash cut the last write short: end that line
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_lines(path: Path) -> list[str]:
+    """Complete lines of a JSON Lines file (the part after the last newline is a torn write)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        return []
+    return [line for line in text.split("\n")[:-1] if line]
+
+
+def _parse(line: str) -> tuple[str, Any] | None:
+    """One line as ``(kind, record)``, or None when it does not parse."""
+    try:
+        d = json.loads(line)
+        kind = d.pop("kind")
+        if kind == "event":
+            return kind, _event_from(d)
+        if kind == "checkpoint":
+            return kind, _record_from(CheckpointRecord, d)
+        if kind == "key":
+            return kind, _record_from(KeyRecord, d)
+        return kind, d
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _line(record: EventRecord | CheckpointRecord | KeyRecord, **extra: Any) -> str:
+    if isinstance(record, CheckpointRecord):
+        d = _record_line("checkpoint", record)
+    elif isinstance(record, KeyRecord):
+        d = _record_line("key", record)
+    else:
+        d = _event_line(record)
+    d.update(extra)
+    return json.dumps(d, sort_keys=True)
+
+
 class Spool:
     """One stream's append-only spool file.
 
@@ -154,6 +245,17 @@ class Spool:
         except OSError:  # missing, or a path that cannot exist: nothing to replay
             return False
 
+    def size(self) -> int:
+        """The file's size in bytes (0 when missing): tells whether it grew since a read.
+
+        Returns:
+            The size.
+        """
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
     def append(
         self,
         events: Sequence[EventRecord],
@@ -170,25 +272,11 @@ class Spool:
         Raises:
             OSError: the file cannot be written (the caller reports ``AuditUnavailable``).
         """
-        lines = [json.dumps(_record_line("key", k), sort_keys=True) for k in keys]
-        lines += [json.dumps(_event_line(r), sort_keys=True) for r in events]
-        lines += [json.dumps(_record_line("checkpoint", c), sort_keys=True) for c in checkpoints]
-        if not lines:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = ("\n".join(lines) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        records: list[EventRecord | CheckpointRecord | KeyRecord] = [*keys, *events, *checkpoints]
+        _append_lines(self.path, [_line(r) for r in records])
 
     def read(self) -> SpoolContents:
-        """Read everything spooled, ignoring a last line cut short by a crash.
+        """Read everything spooled, skipping a torn last line and keeping damaged ones apart.
 
         Returns:
             The records, in write order.
@@ -196,26 +284,185 @@ class Spool:
         events: list[EventRecord] = []
         cps: list[CheckpointRecord] = []
         keys: list[KeyRecord] = []
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return SpoolContents((), (), ())
-        for line in text.split("\n")[:-1]:  # the part after the last "\n" is incomplete
-            if not line:
-                continue
-            d = json.loads(line)
-            kind = d.pop("kind")
-            if kind == "event":
-                events.append(_event_from(d))
-            elif kind == "checkpoint":
-                cps.append(_record_from(CheckpointRecord, d))
-            elif kind == "key":
-                keys.append(_record_from(KeyRecord, d))
-        return SpoolContents(tuple(events), tuple(cps), tuple(keys))
+        damaged: list[str] = []
+        for line in _read_lines(self.path):
+            parsed = _parse(line)
+            if parsed is None or parsed[0] not in ("event", "checkpoint", "key"):
+                damaged.append(line)
+            elif parsed[0] == "event":
+                events.append(parsed[1])
+            elif parsed[0] == "checkpoint":
+                cps.append(parsed[1])
+            else:
+                keys.append(parsed[1])
+        return SpoolContents(tuple(events), tuple(cps), tuple(keys), tuple(damaged))
 
     def remove(self) -> None:
         """Delete the spool after its records reached the database."""
         self.path.unlink(missing_ok=True)
+
+
+def default_spool_path(url: URL, stream: str) -> Path:
+    """Where a stream spools when no ``spool_path`` is given.
+
+    Args:
+        url: the audit database URL.
+        stream: the stream id (characters other than letters, digits, ``.``, ``_`` and
+            ``-`` become ``_`` in the file name).
+
+    Returns:
+        ``<db file>.<stream>.spool.jsonl`` next to a SQLite file, else
+        ``./kvgov-audit.<stream>.spool.jsonl`` in the working directory.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", stream)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        db = Path(str(url.database))
+        return db.with_name(f"{db.name}.{safe}.spool.jsonl")
+    return Path.cwd() / f"kvgov-audit.{safe}.spool.jsonl"
+
+
+def quarantine_path(spool_path: Path) -> Path:
+    """Where the quarantine of a spool lives: ``x.spool.jsonl`` -> ``x.quarantine.jsonl``.
+
+    Args:
+        spool_path: the spool file.
+
+    Returns:
+        The quarantine file next to it.
+    """
+    name = spool_path.name
+    if name.endswith(".spool.jsonl"):
+        return spool_path.with_name(name[: -len(".spool.jsonl")] + ".quarantine.jsonl")
+    return spool_path.with_name(name + ".quarantine.jsonl")
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedRecord:
+    """A record the database refused, as the quarantine keeps it.
+
+    Attributes:
+        kind: ``"event"``, ``"checkpoint"``, ``"key"``, or ``"damaged"`` (a spool line
+            that did not parse; ``record`` is then its text).
+        record: the sealed record (or the damaged line's text).
+        stream: the stream.
+        seq: the event or checkpoint ``seq`` (0 for keys and damaged lines).
+        refused: why the database refused it.
+        quarantined_us: when it was quarantined (microseconds since the epoch, UTC).
+        event_type: the event's type, for events.
+    """
+
+    kind: str
+    record: Any
+    stream: str
+    seq: int
+    refused: str
+    quarantined_us: int
+    event_type: str | None = field(default=None)
+
+    @property
+    def ident(self) -> tuple[str, str, int, str]:
+        """What a ``resolved`` line names: kind, stream, seq, key id."""
+        key = self.record.key_id if isinstance(self.record, KeyRecord) else ""
+        return (self.kind, self.stream, self.seq, key)
+
+
+_TYPE = EVENT_INSERT_COLUMNS.index("type")
+
+
+class Quarantine:
+    """The append-only file of records the database refused (never dropped).
+
+    Args:
+        path: the JSON Lines file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def add(
+        self,
+        refused: Iterable[tuple[EventRecord | CheckpointRecord | KeyRecord, str]],
+        now_us: int,
+        damaged: Iterable[tuple[str, str, str]] = (),
+    ) -> None:
+        """Append refused records (and damaged spool lines) and fsync.
+
+        Args:
+            refused: ``(record, reason)`` pairs.
+            now_us: the time to stamp them with.
+            damaged: ``(stream, line, reason)`` for spool lines that did not parse.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        lines = [_line(r, refused=why, quarantined_us=now_us) for r, why in refused]
+        lines += [
+            json.dumps(
+                {"kind": "damaged", "stream": stream, "line": text, "refused": why,
+                 "quarantined_us": now_us},
+                sort_keys=True,
+            )
+            for stream, text, why in damaged
+        ]  # fmt: skip
+        _append_lines(self.path, lines)
+
+    def resolve(self, items: Iterable[QuarantinedRecord], now_us: int) -> None:
+        """Record that quarantined records are now stored.
+
+        Args:
+            items: the records stored.
+            now_us: when.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        lines = []
+        for q in items:
+            kind, stream, seq, key = q.ident
+            lines.append(
+                json.dumps(
+                    {"kind": "resolved", "record": kind, "stream": stream, "seq": seq,
+                     "key_id": key, "resolved_us": now_us},
+                    sort_keys=True,
+                )
+            )  # fmt: skip
+        _append_lines(self.path, lines)
+
+    def outstanding(self) -> list[QuarantinedRecord]:
+        """The quarantined records not yet resolved, in the order they were refused.
+
+        Returns:
+            The records.
+        """
+        items: list[QuarantinedRecord] = []
+        resolved: set[tuple[str, str, int, str]] = set()
+        for line in _read_lines(self.path):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue  # a torn or damaged line of the quarantine itself
+            kind = d.get("kind")
+            if kind == "resolved":
+                resolved.add((d["record"], d["stream"], int(d["seq"]), d.get("key_id", "")))
+                continue
+            refused, when = d.pop("refused", ""), int(d.pop("quarantined_us", 0))
+            if kind == "damaged":
+                items.append(QuarantinedRecord(kind, d["line"], d["stream"], 0, refused, when))
+                continue
+            parsed = _parse(json.dumps(d))
+            if parsed is None:
+                continue
+            rec = parsed[1]
+            if isinstance(rec, (CheckpointRecord, KeyRecord)):
+                seq = rec.seq if isinstance(rec, CheckpointRecord) else 0
+                items.append(QuarantinedRecord(kind, rec, rec.stream, seq, refused, when))
+            else:
+                items.append(
+                    QuarantinedRecord(
+                        kind, rec, rec[0], int(rec[1]), refused, when, event_type=rec[_TYPE]
+                    )
+                )
+        return [q for q in items if q.ident not in resolved]
 
 
 def _record_line(kind: str, record: CheckpointRecord | KeyRecord) -> dict[str, Any]:

@@ -9,10 +9,18 @@ default audit file, are created and upgraded automatically.
 
 Migrations run programmatically from the installed ``migrations`` package, so no
 ``alembic.ini`` has to be found on disk.
+
+Every wait on PostgreSQL is bounded on the server and on the wire: a connection
+attempt by ``connect_timeout``; every statement by ``lock_timeout`` and, for the
+writer, ``statement_timeout``; a dead peer (a partition without RST) by TCP
+keepalives and ``tcp_user_timeout``. A server that is alive at the TCP level but does
+not answer (a frozen process: its kernel still acknowledges) is bounded by none of
+these; the writer bounds that on its own side (see :mod:`kvgov.audit.writer`).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 from importlib.resources import files
 from typing import Any
@@ -24,7 +32,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 
-from kvgov.defaults import AUDIT_URL
+from kvgov.defaults import AUDIT_LOCK_TIMEOUT_SECONDS, AUDIT_URL
 from kvgov.exceptions import AuditSchemaError
 
 __all__ = [
@@ -39,6 +47,14 @@ __all__ = [
 
 #: Seconds a PostgreSQL connection attempt may take before the writer spools instead.
 PG_CONNECT_TIMEOUT_SECONDS = 3
+#: Seconds a PostgreSQL connection sits idle before TCP keepalive probes start.
+PG_KEEPALIVE_IDLE_SECONDS = 5
+#: Seconds between two keepalive probes.
+PG_KEEPALIVE_INTERVAL_SECONDS = 2
+#: Unanswered keepalive probes after which the connection is dead.
+PG_KEEPALIVE_COUNT = 3
+#: Milliseconds sent data may stay unacknowledged before the connection is dead.
+PG_TCP_USER_TIMEOUT_MS = 10_000
 #: Milliseconds a SQLite writer waits on a lock held by another writer.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -70,31 +86,60 @@ def mask_url(url: str | URL) -> str:
     return normalize_url(url).render_as_string(hide_password=True)
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, *, busy_ms: int) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=FULL")
-    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute(f"PRAGMA busy_timeout={busy_ms}")
     cur.close()
 
 
-def create_audit_engine(url: str | URL) -> Engine:
+def pg_connect_args(statement_timeout: float | None = None) -> dict[str, Any]:
+    """libpq parameters that bound every wait of a PostgreSQL connection.
+
+    Args:
+        statement_timeout: seconds a statement may run (None: no limit, for readers
+            such as ``verify`` whose scans are long by nature).
+
+    Returns:
+        Keyword arguments for ``psycopg.connect``.
+    """
+    options = f"-c lock_timeout={round(AUDIT_LOCK_TIMEOUT_SECONDS * 1000)}"
+    if statement_timeout is not None:
+        options += f" -c statement_timeout={max(1, round(statement_timeout * 1000))}"
+    return {
+        "connect_timeout": PG_CONNECT_TIMEOUT_SECONDS,
+        "keepalives": 1,
+        "keepalives_idle": PG_KEEPALIVE_IDLE_SECONDS,
+        "keepalives_interval": PG_KEEPALIVE_INTERVAL_SECONDS,
+        "keepalives_count": PG_KEEPALIVE_COUNT,
+        "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS,
+        "options": options,
+    }
+
+
+def create_audit_engine(url: str | URL, *, statement_timeout: float | None = None) -> Engine:
     """Create an engine tuned for the audit store (no schema check).
 
     Args:
         url: the database URL.
+        statement_timeout: seconds one statement may run (PostgreSQL) or wait for a
+            lock (SQLite, at most ``SQLITE_BUSY_TIMEOUT_MS``); None: no statement limit.
 
     Returns:
         The engine.
     """
     u = normalize_url(url)
     if u.get_backend_name() == "sqlite":
+        busy_ms = SQLITE_BUSY_TIMEOUT_MS
+        if statement_timeout is not None:
+            busy_ms = min(busy_ms, max(1, round(statement_timeout * 1000)))
         engine = create_engine(u, connect_args={"check_same_thread": False})
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms=busy_ms))
         return engine
     connect_args: dict[str, Any] = {}
     if u.get_backend_name() == "postgresql":
-        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_SECONDS
+        connect_args = pg_connect_args(statement_timeout)
     return create_engine(u, connect_args=connect_args, pool_pre_ping=True)
 
 
@@ -193,13 +238,16 @@ def _is_default_sqlite(u: URL) -> bool:
     return u == normalize_url(AUDIT_URL)
 
 
-def open_engine(url: str | URL, *, auto_upgrade: bool | None = None) -> Engine:
+def open_engine(
+    url: str | URL, *, auto_upgrade: bool | None = None, statement_timeout: float | None = None
+) -> Engine:
     """Create an engine for a database at the head revision, or refuse.
 
     Args:
         url: the database URL.
         auto_upgrade: True upgrades any database; False never does; None (default)
             upgrades only an empty SQLite database and the default audit file.
+        statement_timeout: passed to :func:`create_audit_engine`.
 
     Returns:
         The engine (dispose it when done).
@@ -209,7 +257,7 @@ def open_engine(url: str | URL, *, auto_upgrade: bool | None = None) -> Engine:
             ``kvgov db upgrade URL``.
     """
     u = normalize_url(url)
-    engine = create_audit_engine(u)
+    engine = create_audit_engine(u, statement_timeout=statement_timeout)
     try:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()

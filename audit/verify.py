@@ -10,11 +10,17 @@ What a run detects, per stream (details and limits in docs/audit.md):
   no longer match;
 * events cut off before the last checkpoint (a checkpoint names a ``seq`` beyond the
   last stored event);
-* a forged, altered or unknown-key checkpoint signature.
+* an edited ``prev_hash`` column (it must equal the previous event's hash);
+* a forged, altered or unknown-key checkpoint signature;
+* with ``require_checkpoints``: a stream no signed checkpoint covers, or whose events
+  after its last signed checkpoint exceed ``max_unsigned_events`` or span more than
+  ``max_unsigned_seconds`` (checkpoints deleted, history rewritten, events appended);
+* with ``expected`` (a signed list, :mod:`kvgov.audit.expect`): a stream forged whole,
+  deleted whole, or cut or rewritten before the head the list pins.
 
 What it cannot detect from the database alone: events removed (or forged events
-appended) after the last checkpoint, together with every later checkpoint; compare
-the latest checkpoint with a copy kept elsewhere (``kvgov audit checkpoints``) for that.
+appended) after the last checkpoint, together with every later checkpoint, within
+the unsigned tail the caller allows; see docs/audit.md for exactly what each mode proves.
 
 The hot path reads raw driver rows (no ORM objects) through a server-side cursor on
 PostgreSQL, in ``(stream, seq)`` order along the unique index.
@@ -36,9 +42,11 @@ from sqlalchemy import Connection, func, select
 from sqlalchemy.engine import URL
 
 from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_json, canonical_prefix, fast_json
+from kvgov.audit.expect import ExpectedStreams, expected_problems
 from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from kvgov.audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
 from kvgov.audit.store import open_engine
+from kvgov.defaults import VERIFY_MAX_UNSIGNED_EVENTS, VERIFY_MAX_UNSIGNED_SECONDS
 
 __all__ = ["Problem", "StreamReport", "VerifyReport", "verify"]
 
@@ -54,11 +62,11 @@ _HEAD_COLS: Final = EVENT_INSERT_COLUMNS[1:19]
 #: What SQLite returns per event: the head as JSON, rendered by SQLite's ``json_array``
 #: (no Python object per column; see :func:`_ascii_head` for the one difference).
 _SQLITE_SCAN: Final = (
-    f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, hash "
+    f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, prev_hash, hash "
     "FROM audit_events WHERE stream = ? ORDER BY seq"
 )
 #: Any other database: the columns, encoded by :func:`kvgov.audit.chain.fast_json`.
-_SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "hash")
+_SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "prev_hash", "hash")
 #: Characters the canonical form escapes and SQLite's JSON keeps as they are.
 _NOT_CANONICAL: Final = re.compile(r"[^\x00-\x7e]")
 
@@ -72,7 +80,10 @@ class Problem:
         seq: the event (or checkpoint) sequence number where it shows.
         kind: ``hash_mismatch``, ``broken_link``, ``seq_gap``, ``seq_order``,
             ``checkpoint_mismatch``, ``checkpoint_beyond_end``, ``bad_signature``,
-            ``unknown_key`` or ``untrusted_key``.
+            ``unknown_key``, ``untrusted_key``; with ``require_checkpoints``
+            ``no_checkpoint`` or ``unsigned_tail``; with ``expected``
+            ``unexpected_stream``, ``missing_stream``, ``expected_beyond_end`` or
+            ``expected_mismatch``.
         message: what was found and what it means.
     """
 
@@ -163,7 +174,17 @@ def _pg_canonical(text: str) -> str:
 class _StreamCheck:
     """Running state while one stream's rows go by."""
 
-    __slots__ = ("cps", "cps_checked", "events", "expect", "problems", "running", "stream")
+    __slots__ = (
+        "bad_cps",
+        "cps",
+        "events",
+        "expect",
+        "last_time",
+        "problems",
+        "running",
+        "stream",
+        "times",
+    )
 
     def __init__(self, stream: str, cps: dict[int, bytes]) -> None:
         self.stream = stream
@@ -171,8 +192,10 @@ class _StreamCheck:
         self.expect = 1
         self.running: bytes = GENESIS_HASH
         self.events = 0
-        self.cps_checked = 0
         self.problems: list[Problem] = []
+        self.bad_cps: set[int] = set()  # checkpoints whose chain hash does not match
+        self.times: dict[int, int] = {}  # time_us of checkpointed events (and of seq 1)
+        self.last_time = 0  # time_us of the last event
 
     def add(self, seq: int, kind: str, message: str) -> None:
         if len(self.problems) <= MAX_PROBLEMS_PER_STREAM:
@@ -190,8 +213,8 @@ def _streams(conn: Connection) -> Iterator[str]:
 
 
 #: One event as the hot loop reads it: seq, head JSON (``[seq, ..., policy_revision]``),
-#: block_ids JSON, details JSON, stored hash.
-_ScanRow = tuple[int, str, str, str, bytes]
+#: block_ids JSON, details JSON, stored prev_hash, stored hash.
+_ScanRow = tuple[int, str, str, str, bytes, bytes]
 
 
 def _batches(conn: Connection, stream: str, *, sqlite_json: bool) -> Iterator[list[_ScanRow]]:
@@ -223,11 +246,14 @@ def _batches(conn: Connection, stream: str, *, sqlite_json: bool) -> Iterator[li
             heads = [_head_json(r[:n]) for r in rows]
         if pg:  # JSONB text adds spaces and reorders keys
             yield [
-                (r[0], h, _pg_canonical(r[n]), _pg_canonical(r[n + 1]), r[n + 2])
+                (r[0], h, _pg_canonical(r[n]), _pg_canonical(r[n + 1]), r[n + 2], r[n + 3])
                 for r, h in zip(rows, heads, strict=True)
             ]
         else:
-            yield [(r[0], h, r[n], r[n + 1], r[n + 2]) for r, h in zip(rows, heads, strict=True)]
+            yield [
+                (r[0], h, r[n], r[n + 1], r[n + 2], r[n + 3])
+                for r, h in zip(rows, heads, strict=True)
+            ]
 
 
 def _head_json(values: tuple[Any, ...]) -> str:
@@ -275,6 +301,11 @@ def verify(
     url: str | URL,
     public_keys: Iterable[Ed25519PublicKey] | None = None,
     progress: bool = False,
+    *,
+    require_checkpoints: bool = False,
+    max_unsigned_events: int = VERIFY_MAX_UNSIGNED_EVENTS,
+    max_unsigned_seconds: float = VERIFY_MAX_UNSIGNED_SECONDS,
+    expected: ExpectedStreams | None = None,
 ) -> VerifyReport:
     """Recompute every chain and check every checkpoint of an audit database.
 
@@ -284,6 +315,14 @@ def verify(
             other key is a problem. When None, signatures are checked against the keys
             writers recorded in ``audit_keys`` and counted as untrusted.
         progress: show a rich progress bar on large logs.
+        require_checkpoints: every stream must be covered by a signed checkpoint (by a
+            trusted key when ``public_keys`` is given) and hold at most
+            ``max_unsigned_events`` events, spanning at most ``max_unsigned_seconds``
+            of event time, after its last one.
+        max_unsigned_events: see ``require_checkpoints``.
+        max_unsigned_seconds: see ``require_checkpoints``.
+        expected: a signed list of the streams that must exist (already verified, by
+            :func:`kvgov.audit.expect.load_expected_streams`).
 
     Returns:
         The report; ``report.ok`` is False on any integrity failure.
@@ -313,15 +352,56 @@ def verify(
             if progress:
                 total = int(conn.exec_driver_sql("SELECT count(*) FROM audit_events").scalar_one())
             streams = _check_chains(conn, cp_rows, total if total >= PROGRESS_MIN_EVENTS else 0)
+            if expected is not None:
+                lasts = {name: st.expect - 1 for name, st in streams.items()}
+                for name, found in expected_problems(conn, expected, lasts).items():
+                    st = streams.setdefault(name, _StreamCheck(name, {}))
+                    for seq, kind, message in found:
+                        st.add(seq, kind, message)
     finally:
         engine.dispose()
 
-    # signatures (few rows; done after the scan)
-    sig_problems: dict[str, list[Problem]] = {}
+    sig_problems, untrusted = _signature_problems(cp_rows, trusted, recorded)
+    reports = []
+    for name in sorted(streams):
+        st = streams[name]
+        problems = st.problems + sig_problems.get(name, [])
+        if require_checkpoints:
+            signed = set(st.cps) - st.bad_cps - {p.seq for p in sig_problems.get(name, [])}
+            problems += _tail_problems(st, signed, max_unsigned_events, max_unsigned_seconds)
+        problems.sort(key=lambda p: p.seq)
+        reports.append(
+            StreamReport(
+                stream=name,
+                events=st.events,
+                last_seq=st.expect - 1,
+                head_hash=st.running.hex(),
+                checkpoints=len(st.cps),
+                last_checkpoint_seq=max(st.cps, default=0),
+                untrusted_checkpoints=untrusted.get(name, 0),
+                problems=tuple(problems),
+            )
+        )
+    return VerifyReport(
+        streams=tuple(reports),
+        events=sum(r.events for r in reports),
+        checkpoints=len(cp_rows),
+        seconds=time.perf_counter() - started,
+        trusted_keys=tuple(sorted(trusted)) if trusted is not None else (),
+    )
+
+
+def _signature_problems(
+    cp_rows: Sequence[Any],
+    trusted: dict[str, Ed25519PublicKey] | None,
+    recorded: dict[str, bytes],
+) -> tuple[dict[str, list[Problem]], dict[str, int]]:
+    """Check every checkpoint's signature (few rows; done after the scan)."""
+    problems: dict[str, list[Problem]] = {}
     untrusted: dict[str, int] = {}
     for stream, seq, chain, sig, kid in cp_rows:
         msg = checkpoint_message(stream, int(seq), ChainHash(bytes(chain)))
-        out = sig_problems.setdefault(stream, [])
+        out = problems.setdefault(stream, [])
         if trusted is not None:
             pub = trusted.get(kid)
             if pub is None:
@@ -343,31 +423,41 @@ def verify(
             out.append(
                 Problem(stream, seq, "bad_signature", f"checkpoint signature by {kid} is invalid")
             )
+    return problems, untrusted
 
-    reports = []
-    for name in sorted(streams):
-        st = streams[name]
-        problems = st.problems + sig_problems.get(name, [])
-        problems.sort(key=lambda p: p.seq)
-        reports.append(
-            StreamReport(
-                stream=name,
-                events=st.events,
-                last_seq=st.expect - 1,
-                head_hash=st.running.hex(),
-                checkpoints=len(st.cps),
-                last_checkpoint_seq=max(st.cps, default=0),
-                untrusted_checkpoints=untrusted.get(name, 0),
-                problems=tuple(problems),
+
+def _tail_problems(
+    st: _StreamCheck, signed: set[int], max_events: int, max_seconds: float
+) -> list[Problem]:
+    """``require_checkpoints``: the stream must end within bounds of a signed checkpoint."""
+    last = st.expect - 1
+    covering = [s for s in signed if s <= last]
+    if not covering:
+        return [
+            Problem(
+                st.stream,
+                last,
+                "no_checkpoint",
+                "no valid signed checkpoint covers this stream: it was forged, or its "
+                "checkpoints were deleted",
             )
-        )
-    return VerifyReport(
-        streams=tuple(reports),
-        events=sum(r.events for r in reports),
-        checkpoints=len(cp_rows),
-        seconds=time.perf_counter() - started,
-        trusted_keys=tuple(sorted(trusted)) if trusted is not None else (),
-    )
+        ]
+    cp = max(covering)
+    events = last - cp
+    since = st.times.get(cp if cp else 1, st.last_time)
+    seconds = (st.last_time - since) / 1_000_000
+    if events > max_events or seconds > max_seconds:
+        return [
+            Problem(
+                st.stream,
+                last,
+                "unsigned_tail",
+                f"{events} event(s) spanning {seconds:.0f} s follow the last signed checkpoint "
+                f"(seq {cp}); at most {max_events} and {max_seconds:g} s are allowed: events "
+                "were appended, or later checkpoints deleted",
+            )
+        ]
+    return []
 
 
 def _check_chains(
@@ -422,13 +512,13 @@ def _check_stream(
 ) -> _StreamCheck:
     st = _StreamCheck(stream, cps_by_stream.get(stream, {}))
     for batch in _batches(conn, stream, sqlite_json=sqlite_json):
-        _check_batch(conn, st, batch)
+        _check_batch(st, batch)
         if bar is not None:
             bar.advance(task, len(batch))
     return st
 
 
-def _check_batch(conn: Connection, st: _StreamCheck, batch: list[_ScanRow]) -> None:
+def _check_batch(st: _StreamCheck, batch: list[_ScanRow]) -> None:
     """Recompute the hashes of one batch of a stream's rows (the verifier's hot loop).
 
     Layout in :mod:`kvgov.audit.chain`: the stream's prefix, the head JSON without its
@@ -438,24 +528,39 @@ def _check_batch(conn: Connection, st: _StreamCheck, batch: list[_ScanRow]) -> N
     prefix = canonical_prefix(st.stream)
     cps = st.cps
     running, expect = st.running, st.expect
-    for seq, head, bids, det, stored in batch:
+    for seq, head, bids, det, prev, stored in batch:
         if not head.isascii() or "\x7f" in head:
             head = _ascii_head(head)
         h = sha256(running + f"{prefix}{head[1:-1]},{bids},{det}]".encode()).digest()
         if h != stored:
             st.running, st.expect = running, expect
-            _diagnose(conn, st, seq, bytes(stored))
+            _diagnose(st, seq, bytes(prev))
         elif seq != expect:  # consistent hash but wrong position: cannot happen
             st.add(seq, "seq_order", f"expected seq {expect}, found {seq}")
-        if seq in cps and cps[seq] != h:
-            st.add(seq, "checkpoint_mismatch", "signed checkpoint does not match the chain")
+        elif prev != running:  # the hash holds, so only the prev_hash column was edited
+            st.add(seq, "broken_link", "stored prev_hash is not the previous event's hash")
+        if seq in cps or seq == 1:
+            st.times[seq] = _time_us(head)
+            if seq in cps and cps[seq] != h:
+                st.bad_cps.add(seq)
+                st.add(seq, "checkpoint_mismatch", "signed checkpoint does not match the chain")
         running = stored  # equal to h unless this event is bad: go on from what is stored
         expect = seq + 1
     st.running, st.expect = bytes(running), expect
     st.events += len(batch)
+    if batch:
+        st.last_time = _time_us(batch[-1][1])
 
 
-def _diagnose(conn: Connection, st: _StreamCheck, seq: int, stored: bytes) -> None:
+def _time_us(head: str) -> int:
+    """``time_us`` of a head JSON ``[seq,time_us,...]`` (0 if it is not a number)."""
+    try:
+        return int(head[1:].split(",", 2)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _diagnose(st: _StreamCheck, seq: int, prev: bytes) -> None:
     if seq > st.expect:
         st.add(
             seq,
@@ -464,17 +569,7 @@ def _diagnose(conn: Connection, st: _StreamCheck, seq: int, stored: bytes) -> No
         )
     elif seq < st.expect:
         st.add(seq, "seq_order", f"seq {seq} appears after seq {st.expect - 1}")
-    elif _prev_hash(conn, st.stream, seq) != st.running:
+    elif prev != st.running:
         st.add(seq, "broken_link", "prev_hash does not match the previous event's hash")
     else:
         st.add(seq, "hash_mismatch", "event content does not match its hash (edited)")
-
-
-def _prev_hash(conn: Connection, stream: str, seq: int) -> bytes:
-    """The stored ``prev_hash`` of one event (read only when its hash is wrong)."""
-    prev = conn.execute(
-        select(AuditEventRow.prev_hash).where(
-            AuditEventRow.stream == stream, AuditEventRow.seq == seq
-        )
-    ).scalar_one()
-    return bytes(prev)

@@ -2,17 +2,27 @@
 
 ::
 
-    caller thread                         writer thread (or the caller, for critical events)
-    -------------                         --------------------------------------------------
-    record(event)                         every interval, or when a batch is waiting:
-      lock: seq = next_seq++                io_lock: pop events in seq order
-            deque.append((seq, t, ev))               seal: canonical bytes, hash chain,
-      return "<stream>:<seq>"                              a checkpoint every N events
-                                                     persist: database (one transaction)
-    record(critical event)                             or, if it is down, the spool file
-      ... as above, then io_lock: drain                or, if both fail, keep in memory
-      everything up to it, persist, and                and raise AuditUnavailable
-      raise AuditUnavailable unless durable
+    caller threads                   writer thread                     keeper thread
+    --------------                   -------------                     -------------
+    record(event)                    every 50 ms, or when woken:       every max_age / 2:
+      lock: seq = next_seq++           cv: pop events in seq order,      a database call
+            deque.append(...)              seal (hash chain, checkpoints)  running longer than
+      return "<stream>:<seq>"          database, WITHOUT the cv:          max_age, or no
+                                         one transaction (refused         progress: cv: seal
+    record(critical event)               records are isolated and         and spool everything
+      wake the writer; wait on cv        quarantined, never block)
+      until durable or the deadline;   cv: on success drop what was
+      past the deadline: seal and          stored; on failure spool it
+      spool here, on this thread       notify the waiters
+
+``cv`` (a condition on one lock) guards the chain head, the sealed records not yet
+durable, the spool and the quarantine; it is never held during a database call, so
+a hung database (a frozen server, a partition) delays no caller past its deadline:
+critical events and ``flush`` wait at most ``critical_deadline`` seconds and then
+spool, the keeper spools anything a stuck call holds back after ``max_queue_age``.
+Only the writer thread talks to the database once the log is open, so there is
+never more than one statement in flight, and records the spool and the database
+both hold are told apart on replay by ``seq``.
 
 Event ids are ``"<stream>:<seq>"``: the stream (worker) id and the event's sequence
 number in that stream, which is also the unique key ``(stream, seq)`` in the table.
@@ -21,45 +31,62 @@ Why a deque and not ``queue.Queue``: ``record`` must cost a few microseconds on 
 caller's thread, and ``Queue.put`` takes a lock and signals a condition on every call.
 The deque's ``append``/``popleft`` are atomic; sequence numbers are assigned and
 appended under one small lock so that deque order is chain order, and only holders
-of ``io_lock`` pop, so events are sealed and persisted in that order.
+of ``cv`` pop, so events are sealed in that order.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
-import functools
-import hashlib
-import json
 import os
-import re
-import secrets
-import socket
-import sqlite3
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from itertools import chain
-from operator import attrgetter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import structlog
-from sqlalchemy import Connection, Engine, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
-from kvgov.audit.chain import GENESIS_HASH, BlockIdsJson, ChainHash, canonical_prefix, fast_json
-from kvgov.audit.events import CRITICAL_EVENT_TYPES, FIELDS, AuditEvent
-from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
-from kvgov.audit.signing import SigningKey, checkpoint_message, load_signing_key
-from kvgov.audit.spool import CheckpointRecord, EventRecord, KeyRecord, Spool
-from kvgov.audit.store import normalize_url, open_engine
-from kvgov.defaults import AUDIT_BATCH_SIZE, AUDIT_QUEUE_SIZE, AUDIT_URL, CHECKPOINT_EVERY
+from kvgov.audit.durability import (
+    AuditStats,
+    Recorded,
+    RunMarker,
+    derive_stream_id,
+    gap_event,
+    marker_path,
+    positive_seconds,
+    quarantine_gap_event,
+)
+from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent
+from kvgov.audit.outbox import Outbox, Snapshot
+from kvgov.audit.persist import Refusal, first_line, load_head, store_records
+from kvgov.audit.sealer import Item, Sealer
+from kvgov.audit.signing import SigningKey, load_signing_key
+from kvgov.audit.spool import (
+    KeyRecord,
+    Quarantine,
+    Spool,
+    SpoolContents,
+    default_spool_path,
+    quarantine_path,
+)
+from kvgov.audit.store import mask_url, normalize_url, open_engine
+from kvgov.defaults import (
+    AUDIT_BATCH_SIZE,
+    AUDIT_CRITICAL_DEADLINE_SECONDS,
+    AUDIT_MAX_QUEUE_AGE_SECONDS,
+    AUDIT_QUEUE_SIZE,
+    AUDIT_STATEMENT_TIMEOUT_SECONDS,
+    AUDIT_URL,
+    CHECKPOINT_EVERY,
+    CHECKPOINT_SECONDS,
+)
 from kvgov.exceptions import AuditError, AuditUnavailable, InvalidAuditEvent
+from kvgov.schema import TEXT_LIMITS, text_problem
 
 __all__ = ["AuditLog"]
 
@@ -70,131 +97,31 @@ WRITER_INTERVAL_SECONDS: Final = 0.05
 #: Seconds after a database failure before the writer tries the database again
 #: (in between, events go straight to the spool).
 DB_RETRY_SECONDS: Final = 1.0
-_MAX_STREAM_CHARS: Final = 128
-
-_COLS = ", ".join(EVENT_INSERT_COLUMNS)
-_PG_COPY = f"COPY audit_events ({_COLS}) FROM STDIN"
-#: Rows per SQLite INSERT statement, largest first (each size is prepared once).
-_SQLITE_CHUNKS: Final = (1024, 128, 16, 1)
-_SQLITE_ROW: Final = f"({', '.join('?' * len(EVENT_INSERT_COLUMNS))})"
-_SCOPE_END: Final = FIELDS.index("sequence_id")
-#: ``type`` .. ``template_version``: the same for most events of one tenant and model.
-_SCOPE: Final = attrgetter("type", *FIELDS[:_SCOPE_END])
-#: ``sequence_id`` .. ``policy_revision``: new for most events.
-_REQUEST: Final = attrgetter(*FIELDS[_SCOPE_END:])
-#: Scopes whose JSON the sealing thread keeps before it starts over.
-_SCOPE_CACHE_SIZE: Final = 4096
-
-_Item = tuple[int, int, AuditEvent]  # (seq, time_us, event)
-
-
-def _derive_stream_id() -> str:
-    host = socket.gethostname() or "host"
-    return f"{host[:64]}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _default_spool_path(url: URL, stream: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", stream)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        db = Path(str(url.database))
-        return db.with_name(f"{db.name}.{safe}.spool.jsonl")
-    return Path.cwd() / f"kvgov-audit.{safe}.spool.jsonl"
-
-
-@functools.cache
-def _sqlite_insert_sql(rows: int) -> str:
-    return f"INSERT INTO audit_events ({_COLS}) VALUES {', '.join([_SQLITE_ROW] * rows)}"
-
-
-def _insert_sqlite(raw: sqlite3.Connection, rows: Sequence[EventRecord]) -> None:
-    """Insert rows with multi-row INSERTs rather than ``executemany``.
-
-    Why: ``executemany`` releases and retakes the GIL around every row's step (a
-    hand-off that a busy caller thread makes wait) and pays the driver's per-row
-    overhead; one statement per chunk of rows steps once.
-    """
-    width = len(EVENT_INSERT_COLUMNS)
-    limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    cur = raw.cursor()
-    try:
-        done, n = 0, len(rows)
-        for size in _SQLITE_CHUNKS:
-            if size > 1 and size * width > limit:
-                continue
-            sql = _sqlite_insert_sql(size)
-            while n - done >= size:
-                cur.execute(sql, list(chain.from_iterable(rows[done : done + size])))
-                done += size
-    finally:
-        cur.close()
-
-
-def _insert_events(conn: Connection, rows: Sequence[EventRecord]) -> None:
-    if not rows:
-        return
-    dialect = conn.dialect
-    raw = conn.connection.driver_connection
-    if isinstance(raw, sqlite3.Connection):
-        _insert_sqlite(raw, rows)
-        return
-    if dialect.name == "postgresql" and dialect.driver == "psycopg" and raw is not None:
-        with raw.cursor() as cur, cur.copy(_PG_COPY) as copy:
-            for r in rows:
-                copy.write_row(r)
-        return
-    dicts = []
-    for r in rows:  # any other driver: plain executemany through SQLAlchemy
-        d = dict(zip(EVENT_INSERT_COLUMNS, r, strict=True))
-        d["block_ids"] = json.loads(d["block_ids"])
-        d["details"] = json.loads(d["details"])
-        dicts.append(d)
-    conn.execute(insert(AuditEventRow), dicts)
-
-
-def _insert_checkpoints(conn: Connection, cps: Sequence[CheckpointRecord]) -> None:
-    if cps:  # the record's fields are the table's columns
-        conn.execute(insert(AuditCheckpoint), [dataclasses.asdict(c) for c in cps])
-
-
-def _insert_keys(conn: Connection, keys: Sequence[KeyRecord]) -> None:
-    for k in keys:
-        values = dataclasses.asdict(k)  # the record's fields are the table's columns
-        if conn.dialect.name == "postgresql":
-            conn.execute(postgresql.insert(AuditKey).values(values).on_conflict_do_nothing())
-        elif conn.dialect.name == "sqlite":
-            conn.execute(sqlite.insert(AuditKey).values(values).on_conflict_do_nothing())
-        else:  # pragma: no cover - other dialects
-            exists = conn.execute(select(AuditKey.key_id).where(AuditKey.key_id == k.key_id))
-            if exists.first() is None:
-                conn.execute(insert(AuditKey).values(values))
-
-
-def _last_seq(
-    conn: Connection, table: type[AuditEventRow] | type[AuditCheckpoint], stream: str
-) -> int:
-    """The highest ``seq`` one stream has in ``table`` (0 when none)."""
-    last = conn.execute(select(func.max(table.seq)).where(table.stream == stream)).scalar()
-    return int(last or 0)
 
 
 class AuditLog:
     """Append hash-chained audit events for one stream, in batches, off the caller's thread.
 
     Non-critical events are queued and written by a background thread; critical ones
-    (:data:`kvgov.audit.CRITICAL_EVENT_TYPES`) are written, after everything queued before
-    them, before ``record`` returns. When the database is unreachable, sealed events
-    go to a local spool file (same chain) and are replayed in order when it returns.
+    (:data:`kvgov.audit.CRITICAL_EVENT_TYPES`) are durable, after everything queued
+    before them, when ``record`` returns: in the database, or, when it is down or does
+    not answer within ``critical_deadline``, in the local spool file (same chain),
+    replayed in order when it answers again. :meth:`record_durable` says which.
     When neither can be written, critical ``record`` calls, ``flush`` and
     ``raise_if_unavailable`` raise :class:`~kvgov.exceptions.AuditUnavailable`, and the
-    events are kept in memory and retried.
+    events are kept in memory and retried. Records the database refuses (it should
+    never, events are validated when made) are quarantined, not retried forever.
 
-    Every ``checkpoint_every`` events and at ``close`` the writer signs
-    ``(stream, seq, chain hash)`` with Ed25519. With no key configured (argument or
-    ``KVGOV_SIGNING_KEY``) an ephemeral key is generated and its public key recorded in
-    ``audit_keys``; verifiers report such checkpoints as untrusted.
+    A new stream signs a checkpoint at seq 0; then every ``checkpoint_every`` events,
+    every ``checkpoint_seconds`` while events wait unsigned, and at ``close`` the
+    writer signs ``(stream, seq, chain hash)`` with Ed25519. With no key configured
+    (argument or ``KVGOV_SIGNING_KEY``) an ephemeral key is generated and its public key
+    recorded in ``audit_keys``; verifiers report such checkpoints as untrusted.
 
     A stream id must be used by one process at a time; a restarted worker that passes
-    the same ``worker_id`` continues its chain from the last stored (and spooled) event.
+    the same ``worker_id`` (and spool path) continues its chain from the last stored
+    and spooled event, and records an ``audit_gap`` event if the previous writer
+    stopped without ``close()``.
 
     Args:
         url: the audit database URL.
@@ -202,16 +129,24 @@ class AuditLog:
         signing_key: a key, PEM text, or a path; None reads ``KVGOV_SIGNING_KEY``.
         clock: seconds since the epoch (UTC), for event times.
         checkpoint_every: events between two signed checkpoints.
+        checkpoint_seconds: seconds unsigned events may wait for a checkpoint.
         spool_path: the spool file; None puts it next to a SQLite file, else in the
-            working directory, named after the stream.
+            working directory, named after the stream. Its quarantine and run marker
+            go next to it.
         batch_size: events per database round trip.
         queue_size: events queued before ``record`` blocks the caller.
         retry_seconds: seconds after a database failure before it is tried again.
         auto_upgrade: passed to :func:`kvgov.audit.store.open_engine`.
+        critical_deadline: seconds a critical event (and ``flush``, without progress)
+            waits for the database before it is spooled instead.
+        max_queue_age: seconds an event may stay only in memory behind a database
+            call that has not returned before it is spooled.
+        statement_timeout: seconds one database statement may run.
 
     Raises:
         AuditSchemaError: the database is not at the head revision.
         AuditUnavailable: the database cannot be reached at start.
+        InvalidAuditEvent: an argument is out of range (named in ``field``).
         SigningKeyError: the configured signing key cannot be loaded.
     """
 
@@ -223,70 +158,95 @@ class AuditLog:
         *,
         clock: Callable[[], float] = time.time,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
         spool_path: str | os.PathLike[str] | None = None,
         batch_size: int = AUDIT_BATCH_SIZE,
         queue_size: int = AUDIT_QUEUE_SIZE,
         retry_seconds: float = DB_RETRY_SECONDS,
         auto_upgrade: bool | None = None,
+        critical_deadline: float = AUDIT_CRITICAL_DEADLINE_SECONDS,
+        max_queue_age: float = AUDIT_MAX_QUEUE_AGE_SECONDS,
+        statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
     ) -> None:
-        stream = worker_id if worker_id is not None else _derive_stream_id()
-        if not stream or len(stream) > _MAX_STREAM_CHARS:
-            raise InvalidAuditEvent("worker_id", f"must be 1..{_MAX_STREAM_CHARS} characters")
+        stream = worker_id if worker_id is not None else derive_stream_id()
+        problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
+        if problem is not None:
+            raise InvalidAuditEvent("worker_id", problem)
         for name, value in (("checkpoint_every", checkpoint_every), ("batch_size", batch_size)):
             if value < 1:
                 raise InvalidAuditEvent(name, "must be at least 1")
+        self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
+        self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
+        self._checkpoint_seconds = positive_seconds("checkpoint_seconds", checkpoint_seconds)
         self._url = normalize_url(url)
         self._stream = stream
         self._clock = clock
-        self._checkpoint_every = checkpoint_every
-        # the sealing thread's caches: decimal text of block ids, JSON of scopes
-        self._block_ids_json = BlockIdsJson()
-        self._scope_json: dict[tuple[str | None, ...], str] = {}
         self._batch_size = batch_size
         self._queue_size = max(queue_size, batch_size)
         self._retry_seconds = retry_seconds
         loaded = load_signing_key(signing_key)
         self._key = loaded if loaded is not None else SigningKey.ephemeral()
-        self._spool = Spool(
-            Path(spool_path) if spool_path is not None else _default_spool_path(self._url, stream)
-        )
+        path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
+        spool = Spool(path)
+        self._marker = marker_path(path)
+        timeout = positive_seconds("statement_timeout", statement_timeout)
         try:
-            self._engine: Engine = open_engine(self._url, auto_upgrade=auto_upgrade)
+            self._engine: Engine = open_engine(
+                self._url, auto_upgrade=auto_upgrade, statement_timeout=timeout
+            )
         except AuditError:
             raise
         except Exception as exc:
             raise AuditUnavailable(f"cannot open the audit database: {exc}") from exc
+        try:
+            head = load_head(self._engine, stream, spool)
+        except Exception as exc:
+            self._engine.dispose()
+            raise AuditUnavailable(f"cannot read the audit database: {exc}") from exc
 
-        self._lock = threading.Lock()  # guards next_seq and deque order
-        self._io_lock = threading.Lock()  # guards everything below: chain head, pending, spool
-        self._dq: deque[_Item] = deque()
+        self._lock = threading.Lock()  # guards next_seq, deque order and closed
+        self._cv = threading.Condition()  # guards everything below (see the module doc)
+        self._dq: deque[Item] = deque()
         self._wake = threading.Event()
         self._stop = False
         self._closed = False
-
-        self._pending_events: list[EventRecord] = []
-        self._pending_cps: list[CheckpointRecord] = []
-        self._pending_keys: list[KeyRecord] = [
-            KeyRecord(
-                self._key.key_id,
-                self._key.public_raw,
-                self._key.origin,
-                stream,
-                round(clock() * 1_000_000),
-            )
-        ]
-        self._spool_dirty = self._spool.exists()
+        self._keeper_stop = threading.Event()
         self._db_retry_at = 0.0
-        self._unavailable: str | None = None
-        self._head_seq, self._head_hash = self._load_head()
-        self._durable_seq = self._head_seq
-        self._last_cp_seq = self._head_seq
-        self._next_seq = self._head_seq + 1
-        with self._io_lock:
-            self._persist_locked()  # replays a leftover spool, records the key
+        self._db_since: float | None = None  # monotonic start of the call in flight
+        self._db_error: str | None = None
+        self._persists = 0  # persist attempts finished (flush waits for a new one)
+        now_us = round(clock() * 1_000_000)
+        key = KeyRecord(self._key.key_id, self._key.public_raw, self._key.origin, stream, now_us)
+        self._out = Outbox(
+            spool,
+            Quarantine(quarantine_path(path)),
+            stream,
+            head.seq,
+            key,
+            lambda: round(self._clock() * 1_000_000),
+        )
+        self._sealer = Sealer(
+            stream, self._key, clock, head.seq, head.hash, head.last_checkpoint,
+            checkpoint_every, self._checkpoint_seconds,
+        )  # fmt: skip
+        self._next_seq = head.seq + 1
+        database = mask_url(self._url)
+        previous = RunMarker.read(self._marker)
+        if previous is not None and previous.database in ("", database):
+            self._enqueue(gap_event(previous, head.seq))
+        with contextlib.suppress(AuditUnavailable):
+            self._pass()  # replays a leftover spool, records the key and any gap event
+        try:
+            RunMarker.now(stream, database, now_us).write(self._marker)
+        except OSError as exc:
+            _log.warning("audit run marker not written", path=str(self._marker), error=str(exc))
 
         self._thread = threading.Thread(target=self._run, name=f"kvgov-audit-{stream}", daemon=True)
         self._thread.start()
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"kvgov-keeper-{stream}", daemon=True
+        )
+        self._keeper.start()
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ public API
@@ -304,15 +264,18 @@ class AuditLog:
     @property
     def spool_path(self) -> Path:
         """Where events go while the database is unreachable."""
-        return self._spool.path
+        return self._out.spool.path
 
     @property
     def spooled(self) -> bool:
         """Whether events are waiting in the spool for the database to return."""
-        return self._spool_dirty
+        return self._out.spool_dirty
 
     def record(self, event: AuditEvent) -> str:
         """Append an event to this stream.
+
+        A critical event is durable when this returns (see :meth:`record_durable`,
+        which also says whether it is in the database or only spooled).
 
         Args:
             event: the event.
@@ -326,16 +289,9 @@ class AuditLog:
                 while storage is failing, or the log is closed.
             InvalidAuditEvent: ``event`` is not an :class:`AuditEvent`.
         """
-        if type(event) is not AuditEvent:
-            raise InvalidAuditEvent("event", "record() takes an audit.AuditEvent")
-        with self._lock:
-            if self._closed:
-                raise AuditUnavailable("the audit log is closed")
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            self._dq.append((seq, round(self._clock() * 1_000_000), event))
+        seq = self._enqueue(event)
         if event.type in CRITICAL_EVENT_TYPES:
-            self._write_through(seq)
+            self._await_durable(seq)
         else:
             n = len(self._dq)
             if n >= self._batch_size and not self._wake.is_set():
@@ -344,20 +300,56 @@ class AuditLog:
                 self._backpressure()
         return f"{self._stream}:{seq}"
 
+    def record_durable(self, event: AuditEvent) -> Recorded:
+        """Append an event and return once it is durable, saying where its evidence is.
+
+        Waits for the database at most ``critical_deadline`` seconds, and no longer
+        once the database call in flight has not returned for ``max_queue_age``; then
+        the event and everything before it are spooled on the caller's thread.
+
+        Args:
+            event: the event (of any type; critical types are what it is meant for).
+
+        Returns:
+            The event id and its evidence: ``"stored"`` (in the database) or
+            ``"spooled"`` (fsync-ed to the local spool, replayed when the database
+            answers; ``reason`` says why).
+
+        Raises:
+            AuditUnavailable: neither the database nor the spool could be written (the
+                caller must refuse the operation), or the log is closed.
+            InvalidAuditEvent: ``event`` is not an :class:`AuditEvent`.
+        """
+        return self._await_durable(self._enqueue(event))
+
     def raise_if_unavailable(self) -> None:
         """Cheap check for callers about to do something that must be audited.
 
         Raises:
             AuditUnavailable: the last write reached neither the database nor the spool.
         """
-        reason = self._unavailable
+        reason = self._out.unavailable
         if reason is not None:
             raise AuditUnavailable(reason)
+
+    def stats(self) -> AuditStats:
+        """A consistent snapshot of this log's write state.
+
+        Returns:
+            The counters and sequence numbers (see :class:`AuditStats`).
+        """
+        with self._lock:
+            recorded = self._next_seq - 1
+        with self._cv:
+            return self._out.stats(recorded, self._db_error)
 
     def flush(self) -> None:
         """Write everything recorded so far (database, or spool while it is down).
 
-        Also replays the spool when the database is reachable again.
+        Tries the database now (whatever ``retry_seconds`` says) and replays the spool
+        when it is reachable again. Waits while the writer makes progress; after
+        ``critical_deadline`` seconds without progress, or when two attempts could
+        write nowhere, the rest is spooled on the caller's thread (or kept in memory).
 
         Raises:
             AuditUnavailable: some events could be written neither to the database nor
@@ -365,16 +357,31 @@ class AuditLog:
         """
         with self._lock:
             target = self._next_seq - 1
-        with self._io_lock:
-            self._drain_locked()
-        if self._durable_seq < target:
-            raise AuditUnavailable(self._unavailable or "events are still pending")
+        with self._cv:
+            begun = self._persists
+            self._db_retry_at = 0.0  # an explicit flush tries the database now
+            self._wake.set()
+            why = self._wait_locked(
+                lambda: (
+                    self._out.durable_seq >= target
+                    and (not self._out.spool_dirty or self._persists >= begun + 2)
+                )
+            )
+            if self._out.durable_seq < target:
+                self._spool_now_locked(why or "the audit database did not answer (flush)")
+        if self._out.durable_seq < target:
+            raise AuditUnavailable(self._out.unavailable or "events are still pending")
 
     def close(self) -> None:
         """Flush, sign a final checkpoint, stop the writer thread, release the database.
 
+        Bounded: it waits while the writer makes progress, but spools the rest at once
+        when a database call has not returned for ``max_queue_age`` (a hung database),
+        and after ``critical_deadline`` seconds without progress.
+
         Raises:
-            AuditUnavailable: the final events could not be written anywhere.
+            AuditUnavailable: the final events could not be written anywhere (the run
+                marker stays, so the next start of this stream records the gap).
         """
         with self._lock:
             if self._closed:
@@ -382,15 +389,22 @@ class AuditLog:
             self._closed = True
         atexit.unregister(self._atexit)
         self._stop = True
+        self._db_retry_at = 0.0  # the final pass tries the database once more
         self._wake.set()
-        self._thread.join()
-        try:
-            with self._io_lock:
-                self._drain_locked(final_checkpoint=True)
-        finally:
+        with self._cv:
+            why = self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
+            if self._thread.is_alive():  # stuck in a database call: spool the rest
+                self._spool_now_locked(why or "the audit database did not answer (close)", True)
+        self._keeper_stop.set()
+        self._keeper.join()
+        if not self._thread.is_alive():
             self._engine.dispose()
-        if self._durable_seq < self._next_seq - 1:
-            raise AuditUnavailable(self._unavailable or "events are still pending")
+        with self._lock:
+            last = self._next_seq - 1
+        if self._out.durable_seq < last:
+            raise AuditUnavailable(self._out.unavailable or "events are still pending")
+        with contextlib.suppress(OSError):
+            self._marker.unlink(missing_ok=True)
 
     def __enter__(self) -> AuditLog:
         return self
@@ -398,29 +412,77 @@ class AuditLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ queue
 
-    def _atexit(self) -> None:
-        try:
-            self.close()
-        except AuditError as exc:  # pragma: no cover - interpreter shutdown
-            print(f"kvgov audit: events lost at exit: {exc}", file=sys.stderr)
+    def _enqueue(self, event: AuditEvent) -> int:
+        if type(event) is not AuditEvent:
+            raise InvalidAuditEvent("event", "record() takes an audit.AuditEvent")
+        with self._lock:
+            if self._closed:
+                raise AuditUnavailable("the audit log is closed")
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            self._dq.append((seq, round(self._clock() * 1_000_000), event))
+        return seq
 
-    def _load_head(self) -> tuple[int, ChainHash]:
-        with self._engine.connect() as conn:
-            row = conn.execute(
-                select(AuditEventRow.seq, AuditEventRow.hash)
-                .where(AuditEventRow.stream == self._stream)
-                .order_by(AuditEventRow.seq.desc())
-                .limit(1)
-            ).first()
-        seq, head = (0, GENESIS_HASH) if row is None else (int(row[0]), ChainHash(bytes(row[1])))
-        if self._spool_dirty:
-            spooled = [r for r in self._spool.read().events if r[1] > seq]
-            if spooled:
-                last = spooled[-1]
-                seq, head = int(last[1]), ChainHash(bytes(last[-1]))
-        return seq, head
+    def _give_up(self, end: float, begun: int, hang: bool) -> str | None:
+        """Why a caller waiting on ``cv`` stops waiting for the writer, or None.
+
+        It stops at its deadline ``end``, when two database attempts made since it
+        started waiting (``begun``) could write nowhere, and (``hang``) when the
+        database call in flight has not returned for ``max_queue_age``.
+        """
+        now = time.monotonic()
+        if now >= end:
+            return f"the audit database did not answer within {self._critical_deadline:g} s"
+        if self._out.unavailable is not None and self._persists >= begun + 2:
+            return self._db_error or "the audit database is unavailable"
+        since = self._db_since
+        if hang and since is not None and now - since >= self._max_queue_age:
+            return f"an audit database call has not returned for {self._max_queue_age:g} s"
+        return None
+
+    def _next_wake(self, end: float, hang: bool) -> float:
+        """Seconds until ``end`` or (``hang``) until the call in flight is hung."""
+        since = self._db_since
+        wake = end - time.monotonic()
+        if hang and since is not None:
+            wake = min(wake, since + self._max_queue_age - time.monotonic())
+        return max(wake, 0.001)
+
+    def _await_durable(self, seq: int) -> Recorded:
+        end = time.monotonic() + self._critical_deadline
+        with self._cv:
+            begun = self._persists
+            self._wake.set()
+            while self._out.durable_seq < seq:
+                why = self._give_up(end, begun, hang=True)
+                if why is not None:
+                    self._spool_now_locked(why)  # raises AuditUnavailable if the spool fails
+                    break
+                self._cv.wait(self._next_wake(end, hang=True))
+            if self._out.durable_seq < seq:  # pragma: no cover - _spool_now_locked raised
+                raise AuditUnavailable(self._out.unavailable or "the event could not be written")
+            event_id = f"{self._stream}:{seq}"
+            if seq <= self._out.stored_seq:
+                return Recorded(event_id, "stored")
+            return Recorded(event_id, "spooled", self._out.spool_reason or self._db_error)
+
+    def _wait_locked(
+        self, done: Callable[[], bool], poll: float | None = None, *, hang: bool = False
+    ) -> str | None:
+        """Wait on ``cv`` for ``done()`` (deadline reset on progress); else say why not."""
+        begun, durable = self._persists, self._out.durable_seq
+        end = time.monotonic() + self._critical_deadline
+        while not done():
+            if self._out.durable_seq != durable:
+                durable, end = self._out.durable_seq, time.monotonic() + self._critical_deadline
+            why = self._give_up(end, begun, hang)
+            if why is not None:
+                return why
+            wait = self._next_wake(end, hang)
+            self._cv.wait(wait if poll is None else min(poll, wait))
+        return None
 
     def _backpressure(self) -> None:
         while len(self._dq) >= self._queue_size:
@@ -428,123 +490,110 @@ class AuditLog:
             self._wake.set()
             time.sleep(0.001)
 
+    # ------------------------------------------------------------------ threads
+
+    def _atexit(self) -> None:
+        try:
+            self.close()
+        except AuditError as exc:  # pragma: no cover - interpreter shutdown
+            print(f"kvgov audit: events lost at exit: {exc}", file=sys.stderr)
+
     def _run(self) -> None:
-        while not self._stop:
+        while True:
             self._wake.wait(WRITER_INTERVAL_SECONDS)
             self._wake.clear()
-            # AuditUnavailable is kept in self._unavailable; the events stay pending
-            with self._io_lock, contextlib.suppress(AuditUnavailable):
-                self._drain_locked()
-
-    def _write_through(self, seq: int) -> None:
-        with self._io_lock:
-            self._drain_locked()
-        if self._durable_seq < seq:
-            raise AuditUnavailable(self._unavailable or "the event could not be written")
-
-    def _drain_locked(self, *, final_checkpoint: bool = False) -> None:
-        dq = self._dq
-        while True:
-            n = min(len(dq), self._batch_size)
-            if n:
-                self._seal_locked([dq.popleft() for _ in range(n)])
-            if final_checkpoint and not dq and self._head_seq > self._last_cp_seq:
-                self._checkpoint_locked(self._head_seq, self._head_hash)
-            self._persist_locked()
-            if not dq:
+            final = self._stop
+            try:
+                self._pass(final=final)
+            except AuditUnavailable:
+                pass  # kept in self._out.unavailable; the events stay pending
+            except Exception:  # a bug: say so, keep writing
+                _log.exception("audit writer pass failed")
+            if final:
                 return
 
-    def _checkpoint_locked(self, seq: int, chain: ChainHash) -> None:
-        sig = self._key.sign(checkpoint_message(self._stream, seq, chain))
-        self._pending_cps.append(
-            CheckpointRecord(
-                self._stream, seq, chain, sig, self._key.key_id, round(self._clock() * 1_000_000)
+    def _keep(self) -> None:
+        """Spool what a database call holds back too long, or what nobody writes."""
+        period = self._max_queue_age / 2
+        mark = durable = 0
+        while not self._keeper_stop.wait(period):
+            since = self._db_since
+            stuck = since is not None and time.monotonic() - since >= self._max_queue_age
+            # no call in flight, yet nothing became durable while events waited a period
+            idle = since is None and self._out.durable_seq == durable < mark
+            durable = self._out.durable_seq
+            with self._lock:
+                mark = self._next_seq - 1
+            if (stuck or idle) and self._out.durable_seq < mark:
+                with self._cv, contextlib.suppress(AuditUnavailable):
+                    self._spool_now_locked("the audit database or its writer is not keeping up")
+
+    # ------------------------------------------------------------------ sealing
+
+    def _seal_from_queue_locked(self, limit: int, final: bool) -> None:
+        """Pop up to ``limit`` queued events and seal them, with the checkpoints due."""
+        dq = self._dq
+        n = min(len(dq), limit)
+        if n:
+            self._sealer.seal(
+                [dq.popleft() for _ in range(n)], self._out.events, self._out.checkpoints
             )
-        )
-        self._last_cp_seq = seq
+        self._sealer.checkpoint_if_due(final and not dq, self._out.checkpoints)
 
-    def _seal_locked(self, items: list[_Item]) -> None:
-        """Compute canonical bytes and chain hashes; layout in :mod:`kvgov.audit.chain`."""
-        prev: bytes = self._head_hash
-        prev_row = bytearray(prev)
-        stream = self._stream
-        out = self._pending_events
-        every = self._checkpoint_every
-        encode = fast_json
-        encode_ids = self._block_ids_json
-        sha256 = hashlib.sha256
-        scope_of, request_of = _SCOPE, _REQUEST
-        scope_json = self._scope_json
-        prefix = canonical_prefix(stream)
-        for seq, time_us, ev in items:
-            scope = scope_of(ev)  # str or None only: equal tuples have equal JSON
-            head = scope_json.get(scope)
-            if head is None:
-                if len(scope_json) >= _SCOPE_CACHE_SIZE:
-                    scope_json.clear()
-                head = scope_json[scope] = encode(scope)[1:-1]
-            request = request_of(ev)
-            bids = encode_ids(ev.block_ids)
-            det = encode(ev.details) if ev.details else "{}"
-            text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
-            h = sha256(prev + text.encode("ascii")).digest()
-            # the row holds the hashes as bytearrays: the sqlite3 driver binds those
-            # directly, bytes only after an adapter lookup (half a microsecond a row)
-            h_row = bytearray(h)
-            out.append((stream, seq, time_us, *scope, *request, bids, det, prev_row, h_row))
-            prev, prev_row = h, h_row
-            if seq % every == 0:
-                self._checkpoint_locked(seq, ChainHash(h))
-        if items:
-            self._head_seq = items[-1][0]
-            self._head_hash = ChainHash(prev)
+    # ------------------------------------------------------------------ persisting
 
-    def _persist_locked(self) -> None:
-        events, cps, keys = self._pending_events, self._pending_cps, self._pending_keys
-        if not (events or cps or keys or self._spool_dirty):
-            return
-        last = int(events[-1][1]) if events else self._durable_seq
+    def _pass(self, *, final: bool = False) -> None:
+        """Seal and persist everything queued, a batch at a time."""
+        while True:
+            with self._cv:
+                self._seal_from_queue_locked(self._batch_size, final)
+                snap = self._out.snapshot()
+            if snap is not None:
+                self._persist(snap)
+            if not self._dq:
+                return
+
+    def _persist(self, snap: Snapshot) -> None:
+        """Write a snapshot to the database (without ``cv``), or spool it."""
+        refusals: list[Refusal] | None = None
+        replay: SpoolContents | None = None
         now = time.monotonic()
         if now >= self._db_retry_at:
+            with self._cv:  # waiters re-time their wait: this call may hang
+                self._db_since = now
+                self._cv.notify_all()
             try:
-                with self._engine.begin() as conn:
-                    if self._spool_dirty:
-                        self._replay_spool(conn)
-                    _insert_keys(conn, keys)
-                    _insert_events(conn, events)
-                    _insert_checkpoints(conn, cps)
-            except Exception as exc:  # any driver or connection failure: spool instead
-                self._db_retry_at = now + self._retry_seconds
+                replay = self._out.spool.read() if snap.replay else None
+                refusals = store_records(self._engine, self._stream, replay, snap.records)
+            except Exception as exc:  # unreachable, timed out, no schema, no permission
+                self._db_retry_at = time.monotonic() + self._retry_seconds
+                self._db_error = f"database: {first_line(exc)}"
                 _log.warning("audit database write failed; spooling", error=str(exc))
-                db_error = f"database: {exc}"
-            else:
-                if self._spool_dirty:
-                    self._spool.remove()
-                    self._spool_dirty = False
-                    _log.info("audit spool replayed", spool=str(self._spool.path))
-                self._pending_events, self._pending_cps, self._pending_keys = [], [], []
-                self._durable_seq = last
-                self._unavailable = None
-                return
-        else:
-            db_error = "database: unreachable at the last attempt"
-        if not (events or cps or keys):
-            return  # only a spool replay was due; it stays spooled
-        try:
-            self._spool.append(events, cps, keys)
-        except OSError as exc:
-            self._unavailable = f"{db_error}; spool {self._spool.path}: {exc}"
-            raise AuditUnavailable(self._unavailable) from exc
-        self._spool_dirty = True
-        self._pending_events, self._pending_cps = [], []
-        # keys stay pending until they reach the database (the spool also holds them)
-        self._durable_seq = last
-        self._unavailable = None
+            finally:
+                self._db_since = None
+        with self._cv:
+            try:
+                if refusals is not None:
+                    self._db_error = None
+                    damaged = len(replay.damaged) if replay is not None else 0
+                    if self._out.stored(snap, replay, refusals) and (refusals or damaged):
+                        self._enqueue_gap_locked(refusals, damaged)
+                else:
+                    self._out.spool_pending(self._db_error or "database: unavailable")
+            finally:
+                self._persists += 1
+                self._cv.notify_all()
 
-    def _replay_spool(self, conn: Connection) -> None:
-        contents = self._spool.read()
-        after = _last_seq(conn, AuditEventRow, self._stream)
-        cp_after = _last_seq(conn, AuditCheckpoint, self._stream)
-        _insert_keys(conn, contents.keys)
-        _insert_events(conn, [r for r in contents.events if r[1] > after])
-        _insert_checkpoints(conn, [c for c in contents.checkpoints if c.seq > cp_after])
+    def _enqueue_gap_locked(self, refusals: list[Refusal], damaged: int) -> None:
+        """Queue an ``audit_gap`` event naming records kept in the quarantine, not the store."""
+        event = quarantine_gap_event(refusals, damaged, self._out.quarantine.path)
+        with self._lock:  # even when closed: the pass in progress seals it
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            self._dq.append((seq, round(self._clock() * 1_000_000), event))
+
+    def _spool_now_locked(self, reason: str, final: bool = False) -> None:
+        """Seal everything queued and spool everything pending, on the caller's thread."""
+        self._seal_from_queue_locked(len(self._dq), final)
+        self._out.spool_pending(reason)
+        self._cv.notify_all()

@@ -7,7 +7,6 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -18,7 +17,7 @@ from kvgov.allocator import KVSpec
 from kvgov.allocator.sizing import capacity
 from kvgov.allocator.spec import parse_dtype
 from kvgov.audit.cli import audit_group, db_group
-from kvgov.exceptions import KVGovError
+from kvgov.audit.cli_errors import ErrorsToExitCodes
 from kvgov.policy.cli import policy_group
 
 from .logs import configure_logging
@@ -53,18 +52,7 @@ def _parse_bytes(text: str) -> int:
     return int(value)
 
 
-class _Main(click.Group):
-    """Turns kvgov's typed errors into one clear line and exit status 2."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except KVGovError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
-
-
-@click.group(cls=_Main)
+@click.group(cls=ErrorsToExitCodes)
 @click.version_option(package_name="kvgov")
 def main() -> None:
     """kvgov: governance for the KV cache of a multi-tenant LLM server."""

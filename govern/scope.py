@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvgov.defaults import MAX_SCOPE_FIELD_CHARS
 from kvgov.exceptions import InvalidScope
-from kvgov.schema import SCOPE_FIELDS
+from kvgov.schema import SCOPE_FIELDS, TEXT_LIMITS, text_problem
 
 __all__ = ["SCOPE_FIELDS", "CacheScope"]
 
@@ -34,9 +33,11 @@ class CacheScope:
             version, so a template change never reuses stale KV.
 
     Raises:
-        InvalidScope: a field is not a string, is empty, longer than 256
-            characters or has a non-printable character, or the adapter
-            fields are inconsistent.
+        InvalidScope: a field is not a string, is empty, longer than the audit
+            store's column for it (256 characters, :data:`kvgov.schema.TEXT_LIMITS`)
+            or has a non-printable character (NUL, a lone surrogate, a control
+            character), or the adapter fields are inconsistent. So every scope
+            that constructs can be written to the audit trail.
     """
 
     tenant: str
@@ -79,8 +80,9 @@ def _check_identifier(name: str, value: object) -> None:
         raise InvalidScope(name, value, "must be a string")
     if not value:
         raise InvalidScope(name, value, "must not be empty")
-    if len(value) > MAX_SCOPE_FIELD_CHARS:
-        raise InvalidScope(name, value[:32] + "...", f"at most {MAX_SCOPE_FIELD_CHARS} characters")
+    problem = text_problem(value, TEXT_LIMITS[name])
+    if problem is not None:
+        raise InvalidScope(name, value[:32] + ("..." if len(value) > 32 else ""), problem)
     if not value.isprintable():
         raise InvalidScope(name, value, "must contain printable characters only")
 

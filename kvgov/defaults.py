@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from kvgov.schema import SCOPE_FIELDS, TEXT_LIMITS
+
 # --------------------------------------------------------------------------- allocator
 
 #: Tokens per KV block, as in vLLM and SGLang.
@@ -39,6 +41,28 @@ AUDIT_QUEUE_SIZE: Final = 262_144
 AUDIT_BATCH_SIZE: Final = 2_048
 #: Events between two signed checkpoints of one stream.
 CHECKPOINT_EVERY: Final = 10_000
+#: Seconds after which a stream with unsigned events signs a checkpoint even if fewer
+#: than ``CHECKPOINT_EVERY`` events came: bounds the unsigned tail in time.
+CHECKPOINT_SECONDS: Final = 60.0
+#: Seconds a critical event (``CRITICAL_EVENT_TYPES``, e.g. an erasure) waits for the
+#: audit database before it is written to the local spool instead and ``record``
+#: returns: the longest a caller (and the cache lock it holds) waits on a hung database.
+AUDIT_CRITICAL_DEADLINE_SECONDS: Final = 2.0
+#: Seconds an event may stay only in memory (queued, or behind a database call that
+#: has not returned) before it is written to the spool: bounds what ``kill -9`` loses
+#: while the writer keeps up (when it falls behind, the queue size bounds it).
+AUDIT_MAX_QUEUE_AGE_SECONDS: Final = 1.0
+#: Seconds one statement of the audit writer may run on PostgreSQL (``statement_timeout``;
+#: on SQLite, the wait for another writer's lock).
+AUDIT_STATEMENT_TIMEOUT_SECONDS: Final = 5.0
+#: Seconds any audit statement waits for a table lock on PostgreSQL (``lock_timeout``).
+AUDIT_LOCK_TIMEOUT_SECONDS: Final = 2.0
+#: ``kvgov audit verify --require-checkpoints``: most events a stream may hold after its
+#: last signed checkpoint (the writer signs every ``CHECKPOINT_EVERY`` events).
+VERIFY_MAX_UNSIGNED_EVENTS: Final = CHECKPOINT_EVERY
+#: ``--require-checkpoints``: most seconds (by event time) a stream's events may span
+#: after its last signed checkpoint (the writer signs every ``CHECKPOINT_SECONDS``).
+VERIFY_MAX_UNSIGNED_SECONDS: Final = 2 * CHECKPOINT_SECONDS
 #: Environment variable holding a PEM Ed25519 private key for checkpoints.
 SIGNING_KEY_ENV: Final = "KVGOV_SIGNING_KEY"
 #: Environment variable the ``kvgov audit`` / ``kvgov db`` commands read the URL from.
@@ -50,8 +74,9 @@ AUDIT_URL_ENV: Final = "KVGOV_AUDIT_URL"
 KEY_SECRET_ENV: Final = "KVGOV_KEY_SECRET"
 #: Shortest cache-key secret accepted, in bytes (the HMAC-SHA256 key size).
 MIN_KEY_SECRET_BYTES: Final = 32
-#: Longest identifier accepted in a cache scope field.
-MAX_SCOPE_FIELD_CHARS: Final = 256
+#: Longest identifier accepted in a cache scope field: the audit store's width for the
+#: scope columns (``kvgov.schema.TEXT_LIMITS``, the one source of these limits).
+MAX_SCOPE_FIELD_CHARS: Final = min(TEXT_LIMITS[f] for f in SCOPE_FIELDS)
 #: Shortest interval between two retention sweeps of ``start_sweeper``, in seconds: a
 #: smaller one would spin a CPU on the cache lock for no retention that matters.
 MIN_SWEEP_INTERVAL: Final = 0.01

@@ -33,6 +33,7 @@ __all__ = [
     "BlockStateError",
     "DataKeyDestroyed",
     "DuplicateSequence",
+    "ExpectedStreamsError",
     "GovernError",
     "InternalError",
     "InvalidArgument",
@@ -329,6 +330,24 @@ class SigningKeyError(AuditError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"signing key: {reason}")
+
+
+class ExpectedStreamsError(AuditError):
+    """A signed list of expected streams cannot be used.
+
+    Args:
+        path: the list's file.
+        reason: what is wrong and what to do.
+        tampered: True when the file reads but its signature does not verify or its
+            signer is not trusted (evidence that it was altered), False when it cannot
+            be read or parsed (a usage mistake).
+    """
+
+    def __init__(self, path: str, reason: str, *, tampered: bool = False) -> None:
+        self.path = path
+        self.reason = reason
+        self.tampered = tampered
+        super().__init__(f"expected-streams list {path}: {reason}")
 
 
 class InvalidAuditEvent(AuditError, ValueError):

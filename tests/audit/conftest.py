@@ -104,3 +104,6 @@ def scalar(url: str, sql: str) -> object:
             return conn.execute(text(sql)).scalar()
     finally:
         engine.dispose()
+
+
+from tests.faults.conftest import pg_proxy  # noqa: E402,F401  (a fixture for these tests too)

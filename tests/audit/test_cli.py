@@ -101,7 +101,7 @@ def test_export_and_checkpoints(url: str, tmp_path: Path) -> None:
 
 
 def test_db_commands(tmp_path: Path) -> None:
-    """db upgrade / current / downgrade run; a query on a downgraded db says to upgrade."""
+    """db upgrade / current / downgrade run; a query on a downgraded db says to upgrade (3)."""
     runner = CliRunner()
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert runner.invoke(db_group, ["upgrade", url]).exit_code == 0
@@ -109,6 +109,80 @@ def test_db_commands(tmp_path: Path) -> None:
     assert "up to date" in current.output
     assert runner.invoke(db_group, ["downgrade", url, "--revision", "base"]).exit_code == 0
     refused = runner.invoke(audit_group, ["denials", "--url", url])
-    assert refused.exit_code == 1 and "kvgov db upgrade" in refused.output
+    assert refused.exit_code == 3 and "kvgov db upgrade" in refused.output  # environment
     sql = runner.invoke(db_group, ["upgrade", url, "--sql"])
     assert sql.exit_code == 0 and "CREATE TABLE audit_events" in sql.output
+
+
+def test_status_lists_critical_events_whose_evidence_is_only_spooled(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An erasure spooled while the database is locked is listed by `audit status`."""
+    from sqlalchemy import create_engine
+
+    from kvgov.audit import store as store_mod
+    from kvgov.audit.store import normalize_url
+
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    log = AuditLog(sqlite_url, "w1", retry_seconds=0.0)  # default spool: next to the file
+    log.record(sample_event(0))
+    log.flush()
+    engine = create_engine(normalize_url(sqlite_url))
+    conn = engine.raw_connection()
+    conn.driver_connection.isolation_level = None  # type: ignore[union-attr]
+    conn.cursor().execute("BEGIN EXCLUSIVE")
+    try:
+        rec = log.record_durable(AuditEvent(EventType.ERASURE, tenant="acme"))
+        assert rec.evidence == "spooled"
+        result = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url, "--json"])
+        assert result.exit_code == 0, result.output
+        [entry] = json.loads(result.output)
+        assert entry["streams"] == ["w1"] and entry["writer"]["alive"] is True
+        assert [c["event_id"] for c in entry["critical_spooled"]] == [rec.event_id]
+        assert entry["critical_spooled"][0]["tenant"] == "acme"
+        table = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url])
+        assert "only spooled" in table.output and rec.event_id in table.output
+    finally:
+        conn.rollback()
+        conn.close()
+        engine.dispose()
+    log.close()
+    after = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url, "--json"])
+    assert json.loads(after.output) == []  # replayed at close; the marker is gone
+
+
+def test_verify_options_and_signed_stream_list(sqlite_url: str, tmp_path: Path) -> None:
+    """`audit streams` signs the list; verify --require-checkpoints / --expect-streams use it."""
+    runner = CliRunner()
+    for name in ("writer", "auditor"):
+        assert runner.invoke(audit_group, ["keygen", str(tmp_path / f"{name}.pem")]).exit_code == 0
+    with AuditLog(sqlite_url, "w1", signing_key=str(tmp_path / "writer.pem")) as log:
+        for i in range(5):
+            log.record(sample_event(i))
+    listing = tmp_path / "streams.json"
+    pub = ["--public-key", str(tmp_path / "writer.pem.pub")]
+    signed = runner.invoke(
+        audit_group,
+        ["streams", "--url", sqlite_url, "--key", str(tmp_path / "auditor.pem"),
+         "--output", str(listing), *pub],
+    )  # fmt: skip
+    assert signed.exit_code == 0, signed.output
+    assert json.loads(listing.read_text())["streams"][0]["seq"] == 5
+    args = ["verify", "--url", sqlite_url, "--json", "--require-checkpoints",
+            "--expect-streams", str(listing), *pub,
+            "--public-key", str(tmp_path / "auditor.pem.pub")]  # fmt: skip
+    assert json.loads(runner.invoke(audit_group, args).output)["ok"]
+    with AuditLog(sqlite_url, "intruder") as log:  # a stream the list does not know
+        log.record(sample_event(0))
+    failed = runner.invoke(audit_group, args)
+    assert failed.exit_code == 1
+    problems = {
+        (s["stream"], p["kind"])
+        for s in json.loads(failed.output)["streams"]
+        for p in s["problems"]
+    }
+    assert ("intruder", "unexpected_stream") in problems
+    assert ("intruder", "untrusted_key") in problems
+    listing.write_text(listing.read_text().replace('"seq": 5', '"seq": 4'))
+    altered = runner.invoke(audit_group, args)
+    assert altered.exit_code == 1 and altered.output.startswith("error: ")

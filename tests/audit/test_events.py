@@ -79,3 +79,53 @@ def test_block_ids_tuple_is_kept_and_iterables_are_copied() -> None:
     assert AuditEvent(EventType.RELEASE, block_ids=ids).block_ids is ids
     gen = AuditEvent(EventType.RELEASE, block_ids=(i for i in range(3)))  # type: ignore[arg-type]
     assert gen.block_ids == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sequence_id", "req\x00-1"),
+        ("tenant", "t" * 257),
+        ("requester_tenant", "r" * 300),
+        ("model_revision", "m" * 257),
+        ("policy_revision", "p" * 129),
+        ("decision_id", "d" * 65),
+        ("tokenizer", "tok\ud800"),
+    ],
+)
+def test_text_the_store_would_refuse_is_refused_naming_the_field(field: str, value: str) -> None:
+    """NUL, a lone surrogate or text longer than its column is refused when the event is made."""
+    with pytest.raises(InvalidAuditEvent, match=field) as info:
+        AuditEvent(EventType.ADMISSION, **{field: value})  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_text_at_the_column_limit_is_accepted() -> None:
+    """The longest storable values (and any printable Unicode) are accepted."""
+    ev = AuditEvent(
+        EventType.ADMISSION,
+        tenant="t" * 256,
+        policy_revision="p" * 128,
+        decision_id="d" * 64,
+        model="caf\u00e9 \U0001f600",
+    )
+    assert len(ev.tenant or "") == 256
+
+
+@pytest.mark.parametrize(
+    "details",
+    [{"k\x00": 1}, {"k": "v\ud800"}, {"k\udfff": 1}, {"n": 2**1100}, {"n": [-(2**1100)]}],
+)
+def test_details_the_store_would_refuse_are_refused(details: dict[str, object]) -> None:
+    """NUL or surrogates in details keys and strings, and integers beyond a double, are refused."""
+    with pytest.raises(InvalidAuditEvent, match="details"):
+        AuditEvent(EventType.ADMISSION, details=details)
+
+
+def test_counts_beyond_a_bigint_are_refused() -> None:
+    """token_count and reused_tokens must fit PostgreSQL's bigint column."""
+    AuditEvent(EventType.ADMISSION, token_count=2**63 - 1)
+    with pytest.raises(InvalidAuditEvent, match="token_count"):
+        AuditEvent(EventType.ADMISSION, token_count=2**63)
+    with pytest.raises(InvalidAuditEvent, match="reused_tokens"):
+        AuditEvent(EventType.ADMISSION, reused_tokens=2**64)

@@ -114,3 +114,17 @@ def _check_rejected(db_url: str, table: str, verb: str, populate: object) -> Non
 def test_sample_event_is_valid() -> None:
     """The helper's events construct without error (guards the other tests)."""
     assert sample_event(3).sequence_id == "req-3"
+
+
+def test_text_columns_match_the_shared_limits(db_url: str) -> None:
+    """Every text column of a migrated store is as wide as kvgov.schema.TEXT_LIMITS says."""
+    from kvgov.schema import TEXT_LIMITS
+
+    engine = create_engine(normalize_url(db_url))
+    try:
+        with engine.connect() as conn:
+            columns = {c["name"]: c["type"] for c in inspect(conn).get_columns("audit_events")}
+    finally:
+        engine.dispose()
+    for name, limit in TEXT_LIMITS.items():
+        assert getattr(columns[name], "length", None) == limit, name

@@ -32,8 +32,8 @@ def test_untouched_log_verifies(db_url: str, populate: Populate) -> None:
     """A log nobody touched verifies, with its checkpoints reported untrusted."""
     populate(db_url, 25)
     report = verify(db_url)
-    assert report.ok and report.events == 25 and report.checkpoints == 3
-    assert report.untrusted_checkpoints == 3
+    assert report.ok and report.events == 25 and report.checkpoints == 4
+    assert report.untrusted_checkpoints == 4
 
 
 def test_edited_field_is_detected(db_url: str, populate: Populate) -> None:
@@ -159,7 +159,7 @@ def test_trusted_keys(db_url: str, tmp_path: Path, clock: object) -> None:
         for i in range(10):
             log.record(sample_event(i))
     good = verify(db_url, [load_public_key(files.public)])
-    assert good.ok and good.untrusted_checkpoints == 0 and good.checkpoints == 2
+    assert good.ok and good.untrusted_checkpoints == 0 and good.checkpoints == 3
     bad = verify(db_url, [load_public_key(other.public)])
     assert not bad.ok and bad.problems[0].kind == "untrusted_key"
 
@@ -203,3 +203,169 @@ def test_blob_in_a_text_column_is_reported(tmp_path: Path, populate: Populate) -
     populate(url, 12)
     attacker(url, f"UPDATE audit_events SET tenant = X'00ff' WHERE {W} AND seq = 5")
     assert _first(url) == (5, "hash_mismatch")
+
+
+# --------------------------------------------------------------------------- issue 17 H
+
+
+def _forge(url: str, stream: str, first_seq: int, prev: bytes, n: int, t0: int) -> bytes:
+    """Insert n events with correct chain hashes (anyone can compute SHA-256); return the head."""
+    from sqlalchemy import insert
+
+    from kvgov.audit.events import FIELDS
+    from kvgov.audit.models import AuditEventRow
+
+    rows = []
+    for i in range(n):
+        seq = first_seq + i
+        values = dict.fromkeys(FIELDS)
+        values["tenant"] = "forged"
+        head = (stream, seq, t0 + i, "admission", *(values[f] for f in FIELDS))
+        h = chain_hash(prev, canonical_event_bytes(head, "[]", "{}"))  # type: ignore[arg-type]
+        rows.append(
+            {"stream": stream, "seq": seq, "time_us": t0 + i, "type": "admission", **values,
+             "block_ids": [], "details": {}, "prev_hash": prev, "hash": h}
+        )  # fmt: skip
+        prev = h
+    engine = create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        conn.execute(insert(AuditEventRow), rows)
+    engine.dispose()
+    return prev
+
+
+def _head(url: str, stream: str = "w1") -> tuple[int, bytes, int]:
+    engine = create_engine(normalize_url(url))
+    with engine.connect() as conn:
+        seq, h, t = conn.execute(
+            text(f"SELECT seq, hash, time_us FROM audit_events WHERE stream = '{stream}' "
+                 "ORDER BY seq DESC LIMIT 1")
+        ).one()  # fmt: skip
+    engine.dispose()
+    return int(seq), bytes(h), int(t)
+
+
+def _signed(url: str, tmp_path: Path, n: int = 25, worker: str = "w1") -> object:
+    files = tmp_path / "writer.pem"
+    if not files.exists():
+        generate_key_files(files)
+    with AuditLog(url, worker, signing_key=str(files), checkpoint_every=10) as log:
+        for i in range(n):
+            log.record(sample_event(i))
+    return load_public_key(tmp_path / "writer.pem.pub")
+
+
+def test_edited_prev_hash_column_is_detected(db_url: str, populate: Populate) -> None:
+    """prev_hash is checked against the recomputed chain, not only used to diagnose."""
+    populate(db_url, 25)
+    attacker(db_url, f"UPDATE audit_events SET prev_hash = {_lit(db_url, bytes(32))} "
+             f"WHERE {W} AND seq = 7")  # fmt: skip
+    assert _first(db_url) == (7, "broken_link")
+
+
+def test_deleted_checkpoints_and_rewritten_history_fail_when_checkpoints_are_required(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Without checkpoints a rewritten chain is self-consistent; requiring them finds it."""
+    pub = _signed(db_url, tmp_path)
+    attacker(db_url, "DELETE FROM audit_checkpoints", f"DELETE FROM audit_events WHERE {W}")
+    _forge(db_url, "w1", 1, bytes(32), 25, 1_700_000_000_000_000)
+    assert verify(db_url, [pub]).ok  # type: ignore[list-item]  # the documented limit
+    report = verify(db_url, [pub], require_checkpoints=True)  # type: ignore[list-item]
+    assert not report.ok and report.problems[0].kind == "no_checkpoint"
+
+
+def test_a_forged_stream_fails_with_required_checkpoints_or_expected_streams(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A whole stream made up by someone with database access is found two ways."""
+    from kvgov.audit.expect import ExpectedStream, load_expected_streams, sign_expected_streams
+    from kvgov.audit.signing import load_signing_key
+
+    pub = _signed(db_url, tmp_path)
+    auditor = generate_key_files(tmp_path / "auditor.pem")
+    key = load_signing_key(str(auditor.private))
+    assert key is not None
+    head = verify(db_url, [pub]).streams[0]  # type: ignore[list-item]
+    listing = tmp_path / "streams.json"
+    listing.write_text(
+        sign_expected_streams([ExpectedStream("w1", head.last_seq, head.head_hash)], key, 0)
+    )
+    _forge(db_url, "intruder", 1, bytes(32), 5, 1_700_000_000_000_000)
+    assert verify(db_url, [pub]).ok  # type: ignore[list-item]  # the documented limit
+    required = verify(db_url, [pub], require_checkpoints=True)  # type: ignore[list-item]
+    assert [(p.stream, p.kind) for p in required.problems] == [("intruder", "no_checkpoint")]
+    trusted = {auditor.key_id: load_public_key(auditor.public)}
+    expected = load_expected_streams(listing, trusted)
+    report = verify(db_url, [pub], expected=expected)  # type: ignore[list-item]
+    assert [(p.stream, p.kind) for p in report.problems] == [("intruder", "unexpected_stream")]
+
+
+def test_a_deleted_or_cut_stream_fails_against_the_expected_streams(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A stream deleted whole, or cut with its checkpoints, no longer matches the signed list."""
+    from kvgov.audit.expect import ExpectedStream, load_expected_streams, sign_expected_streams
+    from kvgov.audit.signing import load_signing_key
+
+    pub = _signed(db_url, tmp_path, worker="w1")
+    _signed(db_url, tmp_path, worker="w2")
+    auditor = generate_key_files(tmp_path / "auditor.pem")
+    key = load_signing_key(str(auditor.private))
+    assert key is not None
+    streams = [
+        ExpectedStream(s.stream, s.last_seq, s.head_hash)
+        for s in verify(db_url, [pub]).streams  # type: ignore[list-item]
+    ]
+    listing = tmp_path / "streams.json"
+    listing.write_text(sign_expected_streams(streams, key, 0))
+    attacker(
+        db_url,
+        "DELETE FROM audit_events WHERE stream = 'w2'",
+        "DELETE FROM audit_checkpoints WHERE stream = 'w2'",
+        f"DELETE FROM audit_events WHERE {W} AND seq > 20",
+        f"DELETE FROM audit_checkpoints WHERE {W} AND seq > 20",
+    )
+    assert verify(db_url, [pub]).ok  # type: ignore[list-item]  # the documented limit
+    expected = load_expected_streams(listing, {auditor.key_id: load_public_key(auditor.public)})
+    report = verify(db_url, [pub], expected=expected)  # type: ignore[list-item]
+    kinds = sorted((p.stream, p.kind) for p in report.problems)
+    assert kinds == [("w1", "expected_beyond_end"), ("w2", "missing_stream")]
+
+
+def test_events_appended_after_the_last_checkpoint_are_bounded(db_url: str, tmp_path: Path) -> None:
+    """Forged events after the last checkpoint pass only within the allowed unsigned tail."""
+    pub = _signed(db_url, tmp_path)
+    seq, h, t = _head(db_url)
+    _forge(db_url, "w1", seq + 1, h, 3, t + 1)
+    assert verify(db_url, [pub], require_checkpoints=True).ok  # type: ignore[list-item]
+    strict = verify(db_url, [pub], require_checkpoints=True, max_unsigned_events=0)  # type: ignore[list-item]
+    assert [p.kind for p in strict.problems] == ["unsigned_tail"]
+    late = seq + 4
+    _forge(db_url, "w1", late, _head(db_url)[1], 1, t + 10**9)  # 1000 s of event time later
+    timed = verify(db_url, [pub], require_checkpoints=True, max_unsigned_seconds=60)  # type: ignore[list-item]
+    assert [p.kind for p in timed.problems] == ["unsigned_tail"]
+
+
+def test_an_altered_or_untrusted_expected_streams_list_is_refused(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A list whose signature fails, or that no trusted key signed, is an error, not a pass."""
+    from kvgov.audit.expect import ExpectedStream, load_expected_streams, sign_expected_streams
+    from kvgov.audit.signing import load_signing_key
+    from kvgov.exceptions import ExpectedStreamsError
+
+    auditor = generate_key_files(tmp_path / "auditor.pem")
+    key = load_signing_key(str(auditor.private))
+    assert key is not None
+    listing = tmp_path / "streams.json"
+    listing.write_text(sign_expected_streams([ExpectedStream("w1", 0, "00" * 32)], key, 0))
+    trusted = {auditor.key_id: load_public_key(auditor.public)}
+    assert load_expected_streams(listing, trusted).streams[0].stream == "w1"
+    with pytest.raises(ExpectedStreamsError) as untrusted:
+        load_expected_streams(listing, {})
+    assert untrusted.value.tampered
+    listing.write_text(listing.read_text().replace('"w1"', '"w2"'))
+    with pytest.raises(ExpectedStreamsError, match="altered") as altered:
+        load_expected_streams(listing, trusted)
+    assert altered.value.tampered

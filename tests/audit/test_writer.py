@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,10 @@ from sqlalchemy import create_engine, text
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
 from kvgov.audit import store as store_mod
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
+from kvgov.audit.persist import insert_sqlite
 from kvgov.audit.store import normalize_url
-from kvgov.audit.writer import _insert_sqlite
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
+from tests.faults.conftest import ProxiedPg
 
 from .conftest import FixedClock, sample_event, scalar
 
@@ -80,7 +79,7 @@ def test_restart_continues_the_chain(db_url: str, tmp_path: Path, clock: FixedCl
 
 
 def test_checkpoints_every_n_and_at_close(db_url: str, tmp_path: Path) -> None:
-    """Checkpoints are signed at every N-th event and for the last event at close."""
+    """A new stream signs seq 0, then every N-th event and the last event at close."""
     with AuditLog(db_url, "w1", checkpoint_every=10, spool_path=tmp_path / "s.jsonl") as log:
         for i in range(25):
             log.record(sample_event(i))
@@ -88,7 +87,7 @@ def test_checkpoints_every_n_and_at_close(db_url: str, tmp_path: Path) -> None:
     with engine.connect() as conn:
         seqs = [r[0] for r in conn.execute(text("SELECT seq FROM audit_checkpoints ORDER BY seq"))]
     engine.dispose()
-    assert seqs == [10, 20, 25]
+    assert seqs == [0, 10, 20, 25]
 
 
 def test_record_after_close_and_wrong_type_are_refused(db_url: str, tmp_path: Path) -> None:
@@ -159,7 +158,7 @@ def test_sqlite_down_spools_and_replays(
     log.close()
     assert _count(sqlite_url) == 16
     report = verify(sqlite_url)
-    assert report.ok and report.streams[0].checkpoints == 4
+    assert report.ok and report.streams[0].checkpoints == 5
 
 
 def test_leftover_spool_replays_on_restart(
@@ -214,104 +213,27 @@ def test_no_database_and_no_spool_raises(
     assert _count(sqlite_url) == 2 and verify(sqlite_url).ok
 
 
-class TcpProxy:
-    """A TCP proxy on 127.0.0.1 that can be stopped (connections reset) and restarted."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self._server: socket.socket | None = None
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", self.port))
-        srv.listen(16)
-        self._server = srv
-        threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
-
-    def _accept(self, srv: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = srv.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            with contextlib.suppress(OSError):  # shutdown wakes the blocked accept()
-                self._server.shutdown(socket.SHUT_RDWR)
-            self._server.close()
-            self._server = None
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for s in conns:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-
-@pytest.fixture()
-def proxy() -> Iterator[TcpProxy]:
-    """A stoppable TCP proxy in front of the test PostgreSQL server."""
-    from tests.conftest import PG_HOST, PG_PORT
-
-    p = TcpProxy((PG_HOST, PG_PORT))
-    p.start()
-    yield p
-    p.stop()
-
-
 @pytest.mark.postgres
-def test_postgresql_unreachable_spools_and_replays(
-    pg_url: str, proxy: TcpProxy, tmp_path: Path
-) -> None:
+def test_postgresql_unreachable_spools_and_replays(pg_proxy: ProxiedPg, tmp_path: Path) -> None:
     """With the connection to PostgreSQL really cut, events spool; they replay when it returns."""
-    upgrade(pg_url)
-    url = normalize_url(pg_url).set(port=proxy.port)
+    url, proxy = pg_proxy.url, pg_proxy.proxy
     spool = tmp_path / "pg.spool.jsonl"
     log = AuditLog(url, "w1", spool_path=spool, retry_seconds=0.0, checkpoint_every=4)
     for i in range(5):
         log.record(sample_event(i))
     log.flush()
-    proxy.stop()  # real connection failure: connections reset, new ones refused
+    proxy.kill()  # real connection failure: connections reset, new ones refused
     for i in range(6):
         log.record(sample_event(i))
     log.record(AuditEvent(EventType.CROSS_TENANT_REUSE, tenant="acme", requester_tenant="beta"))
     assert spool.exists()
-    assert _count(pg_url) == 5  # nothing new reached the database
+    assert _count(pg_proxy.direct) == 5  # nothing new reached the database
     proxy.start()
     log.flush()
     assert not spool.exists()
     log.close()
-    assert _count(pg_url) == 12
-    report = verify(pg_url)
+    assert _count(pg_proxy.direct) == 12
+    report = verify(pg_proxy.direct)
     assert report.ok and report.streams[0].last_seq == 12
 
 
@@ -340,7 +262,29 @@ def test_sqlite_insert_respects_a_low_variable_limit(tmp_path: Path) -> None:
     dst = sqlite3.connect(tmp_path / "dst.db")
     dst.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
     order = [cols.index(c) for c in EVENT_INSERT_COLUMNS]
-    _insert_sqlite(dst, [tuple(r[i] for i in order) for r in rows])
+    insert_sqlite(dst, [tuple(r[i] for i in order) for r in rows])
     dst.commit()
     assert dst.execute("SELECT count(*) FROM audit_events").fetchone()[0] == 300
     dst.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("critical_deadline", float("nan")),
+        ("critical_deadline", 0),
+        ("max_queue_age", float("inf")),
+        ("statement_timeout", -1.0),
+        ("checkpoint_seconds", True),
+        ("worker_id", "w\x00"),
+        ("worker_id", "w" * 129),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(
+    sqlite_url: str, tmp_path: Path, name: str, value: object
+) -> None:
+    """Deadlines must be finite and positive; a stream id must be storable."""
+    kwargs: dict[str, object] = {"spool_path": tmp_path / "s.jsonl", name: value}
+    with pytest.raises(InvalidAuditEvent) as info:
+        AuditLog(sqlite_url, **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == name

@@ -64,3 +64,28 @@ def test_scope_is_frozen_and_hashable() -> None:
 def test_256_characters_is_the_longest_accepted() -> None:
     """The limit is inclusive."""
     assert make_scope(tenant="t" * 256).tenant == "t" * 256
+
+
+@pytest.mark.parametrize("field", SCOPE_FIELDS)
+@pytest.mark.parametrize("bad", ["a\x00b", "a\ud800b", "limit+1"])
+def test_every_field_refuses_what_the_audit_store_would(field: str, bad: str) -> None:
+    """NUL, a lone surrogate or one character past the audit column's width is refused."""
+    from kvgov.schema import TEXT_LIMITS
+
+    value = "x" * (TEXT_LIMITS[field] + 1) if bad == "limit+1" else bad
+    overrides = {field: value}
+    if field.startswith("adapter"):
+        overrides = {"adapter": "lora", "adapter_revision": "a1", field: value}
+    with pytest.raises(InvalidScope) as info:
+        make_scope(**overrides)
+    assert info.value.field == field
+
+
+def test_an_accepted_scope_always_makes_a_storable_audit_event() -> None:
+    """The longest accepted value of every field passes AuditEvent's store checks."""
+    from kvgov.audit import AuditEvent, EventType
+    from kvgov.schema import TEXT_LIMITS
+
+    longest = {f: "\u00e9" * TEXT_LIMITS[f] for f in SCOPE_FIELDS}
+    scope = make_scope(**longest)
+    assert AuditEvent(EventType.ADMISSION, **scope.as_dict()).tenant == longest["tenant"]

@@ -1,0 +1,92 @@
+"""Fixtures of the fault suite: a freezable PostgreSQL, a full disk, and the figures report.
+
+Every test in this directory is marked ``faults``: ``make test-faults`` runs them
+(``make test`` does not; ``.ci/run`` runs both). Every fault case records what
+happened to the events it wrote with ``fault_report.add(case, written=...,
+spooled=..., quarantined=..., lost=..., critical_lost=...)`` (more figures become
+more columns); the table is printed at the end. To add a case (the cache under OPA
+down, a purge under a frozen database), write a test in a new module here that
+uses these fixtures and reports its figures the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kvgov.audit import upgrade
+from kvgov.audit.store import normalize_url
+
+from .proxy import FreezableProxy
+
+
+@dataclass
+class FaultReport:
+    """Figures per fault case, printed at the end of the session."""
+
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, case: str, **figures: int) -> None:
+        """Record a case's figures (events written, spooled, quarantined, lost, ...)."""
+        self.rows[case] = figures
+
+
+_REPORT = FaultReport()
+
+
+@pytest.fixture(scope="session")
+def fault_report() -> FaultReport:
+    """The session's fault figures."""
+    return _REPORT
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.faults)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _REPORT.rows:
+        return
+    cols = ["written", "spooled", "quarantined", "lost", "critical_lost"]
+    cols += sorted({k for f in _REPORT.rows.values() for k in f} - set(cols))
+    terminalreporter.section("fault suite: what happened to the events")
+    terminalreporter.write_line(f"{'case':<38}" + "".join(f"{c:>20}" for c in cols))
+    for case, figures in sorted(_REPORT.rows.items()):
+        cells = "".join(f"{figures.get(c, '-')!s:>20}" for c in cols)
+        terminalreporter.write_line(f"{case:<38}{cells}")
+
+
+@dataclass(frozen=True)
+class ProxiedPg:
+    """A PostgreSQL audit database behind a :class:`FreezableProxy`.
+
+    Attributes:
+        url: the URL through the proxy (what the code under test uses).
+        direct: the URL of the same database without the proxy (what the test checks).
+        proxy: the proxy, to freeze, thaw, kill and start.
+    """
+
+    url: str
+    direct: str
+    proxy: FreezableProxy
+
+
+@pytest.fixture()
+def pg_proxy(pg_url: str) -> Iterator[ProxiedPg]:
+    """A fresh PostgreSQL audit database at head, reached through a freezable proxy."""
+    from tests.conftest import PG_HOST, PG_PORT
+
+    upgrade(pg_url)
+    proxy = FreezableProxy((PG_HOST, PG_PORT))
+    proxy.start()
+    url = normalize_url(pg_url).set(port=proxy.port).render_as_string(hide_password=False)
+    try:
+        yield ProxiedPg(url, pg_url, proxy)
+    finally:
+        proxy.kill()
