@@ -12,7 +12,7 @@ imports torch or the allocator.
 """
 
 from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
-from kvgov.audit.durability import AuditStats, Evidence, Recorded
+from kvgov.audit.durability import AuditStats, Deferred, Evidence, Recorded
 from kvgov.audit.events import CRITICAL_EVENT_TYPES, FORBIDDEN_DETAIL_KEYS, AuditEvent, EventType
 from kvgov.audit.expect import (
     ExpectedStream,
@@ -38,6 +38,7 @@ __all__ = [
     "AuditStats",
     "ChainHash",
     "CheckpointInfo",
+    "Deferred",
     "EventType",
     "Evidence",
     "ExpectedStream",

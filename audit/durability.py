@@ -22,6 +22,7 @@ import math
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -68,6 +69,21 @@ class Recorded:
     def stored(self) -> bool:
         """Whether the event is in the database."""
         return self.evidence == "stored"
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An event appended to the chain whose durability the caller has not waited for.
+
+    Attributes:
+        event_id: the event id, ``"<stream>:<seq>"``.
+        wait: blocks until the event is durable (at most the log's critical deadline)
+            and returns its :class:`Recorded`; raises ``AuditUnavailable`` if neither
+            the database nor the spool can be written.
+    """
+
+    event_id: str
+    wait: Callable[[], Recorded]
 
 
 @dataclass(frozen=True, slots=True)

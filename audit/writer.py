@@ -53,6 +53,7 @@ from sqlalchemy.engine import URL
 
 from kvgov.audit.durability import (
     AuditStats,
+    Deferred,
     Recorded,
     RunMarker,
     derive_stream_id,
@@ -275,13 +276,8 @@ class AuditLog:
         """Append an event to this stream.
 
         A critical event is durable when this returns (see :meth:`record_durable`,
-        which also says whether it is in the database or only spooled).
-
-        Args:
-            event: the event.
-
-        Returns:
-            The event id, ``"<stream>:<seq>"``.
+        which also says whether it is in the database or only spooled). Returns the
+        event id, ``"<stream>:<seq>"``.
 
         Raises:
             AuditUnavailable: a critical event could not be written to the database or
@@ -301,26 +297,30 @@ class AuditLog:
         return f"{self._stream}:{seq}"
 
     def record_durable(self, event: AuditEvent) -> Recorded:
-        """Append an event and return once it is durable, saying where its evidence is.
+        """Append an event; return once it is durable (database, or spool past the deadline).
 
-        Waits for the database at most ``critical_deadline`` seconds, and no longer
-        once the database call in flight has not returned for ``max_queue_age``; then
-        the event and everything before it are spooled on the caller's thread.
-
-        Args:
-            event: the event (of any type; critical types are what it is meant for).
+        Waits at most ``critical_deadline`` s, less once the call in flight has hung for
+        ``max_queue_age``; then it spools the event (and all before it) on this thread.
 
         Returns:
-            The event id and its evidence: ``"stored"`` (in the database) or
-            ``"spooled"`` (fsync-ed to the local spool, replayed when the database
-            answers; ``reason`` says why).
+            The event id and its evidence, ``"stored"`` or ``"spooled"`` (with why).
 
         Raises:
             AuditUnavailable: neither the database nor the spool could be written (the
                 caller must refuse the operation), or the log is closed.
             InvalidAuditEvent: ``event`` is not an :class:`AuditEvent`.
         """
-        return self._await_durable(self._enqueue(event))
+        return self.defer(event).wait()
+
+    def defer(self, event: AuditEvent) -> Deferred:
+        """Append an event now (its chain place is fixed); its ``wait()`` makes it durable.
+
+        For a caller holding a lock of its own: defer under the lock, ``wait()`` (as
+        :meth:`record_durable`, raising the same) after releasing it.
+        """
+        seq = self._enqueue(event)
+        self._wake.set()
+        return Deferred(f"{self._stream}:{seq}", lambda: self._await_durable(seq))
 
     def raise_if_unavailable(self) -> None:
         """Cheap check for callers about to do something that must be audited.

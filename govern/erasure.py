@@ -85,10 +85,12 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
                     seq.cacheable = False
                     in_flight.append(seq.seq_id)
             evicted, detached = revoke(gov, gov.owners.of_tenant(tenant), "purged")
-            verified = gov.pool.read_back_zero(evicted) is True
+            # verified only when every block of the tenant is zero now: a detached one
+            # (still held by a running sequence) is zeroized only at its release
+            verified = not detached and gov.pool.read_back_zero(evicted) is True
             finished = gov.clock()
             nbytes = len(evicted) * gov.pool.bytes_per_block
-        event_id = gov.audit.record(
+        recorded = gov.audit.record_durable(
             AuditEvent(
                 type=EventType.ERASURE,
                 tenant=tenant,
@@ -109,7 +111,8 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             blocks_zeroized=len(evicted),
             in_flight=len(in_flight),
             verified=verified,
-            event_id=event_id,
+            event_id=recorded.event_id,
+            evidence=recorded.evidence,
         )
         return ErasureReport(
             tenant=tenant,
@@ -118,8 +121,9 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             in_flight_sequences=tuple(in_flight),
             detached_blocks=len(detached),
             verified=verified,
-            event_id=event_id,
+            event_id=recorded.event_id,
             finished_at=finished,
+            evidence=recorded.evidence,
         )
     finally:
         gov.purging.discard(tenant)

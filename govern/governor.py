@@ -52,9 +52,10 @@ from kvgov.exceptions import (
     PoolClosed,
     TenantPurging,
 )
-from kvgov.policy import AdmissionDecision, Decision, PolicyClient, SharingDecision
+from kvgov.policy import AdmissionDecision, PolicyClient
 from kvgov.policy.client import CLASSIFICATIONS_PATH
 
+from .hits import HitFinder
 from .keys import KeyDeriver
 from .logs import get_logger
 from .ownership import Owners
@@ -62,7 +63,6 @@ from .plan import KeyPlan, plan_keys, unkeyed_plan
 from .protocol import GovernedPool
 from .retention import Deadlines
 from .scope import CacheScope
-from .sharing import judge_hits
 from .stats import CacheStats, _TenantCounters, snapshot
 from .views import ScopeView, ScopeViews
 
@@ -88,7 +88,7 @@ class LiveSequence(Protocol):
     cacheable: bool
 
 
-class Governor:
+class Governor(HitFinder):
     """Governance of one block pool: every reuse scoped, policy-decided and audited.
 
     Invariants (checked by :meth:`_check_invariants`, beyond the pool's own):
@@ -243,36 +243,6 @@ class Governor:
             )
         return plan
 
-    def find_hits(self, view: ScopeView, plan: KeyPlan, packed: bytes, seq_id: str) -> list[int]:
-        """The longest cached prefix the scope may use, with a reference taken on each block.
-
-        Looks in the publish namespace, then the tenant's own and every readable
-        share group (a public prefix first where that scope publishes, then where
-        it may read); cuts the hit at the first block whose owner the sharing
-        policy refuses; audits the reuse.
-        """
-        if not plan.cacheable or not plan.max_hit:
-            return []
-        if plan.prefix_blocks:
-            hits = self._prefix_lookup(plan, packed)
-        else:
-            hits = self.pool.lookup(plan.keys[: plan.max_hit])
-            hits = self._longest_hit(hits, plan.read_roots, packed, view, plan.max_hit)
-        self.drain()
-        if not hits:
-            return hits
-        try:
-            keep = self._check_sharing(view, hits, seq_id, plan.prefix_view, plan.prefix_blocks)
-        except BaseException:
-            self.pool.free(hits)
-            self.drain()
-            raise
-        if keep < len(hits):
-            self.pool.free(hits[keep:])
-            self.drain()
-            del hits[keep:]
-        return hits
-
     def key_blocks(
         self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
     ) -> None:
@@ -421,135 +391,6 @@ class Governor:
                     },
                 )
             )
-
-    # ------------------------------------------------------------------ hits
-
-    def _prefix_lookup(self, plan: KeyPlan, packed: bytes) -> list[int]:
-        """Longest hit for an admission with a public prefix; takes a reference on it only.
-
-        The prefix is looked up where the public scope publishes, then, if that
-        misses part of it, in every other namespace the public scope may read
-        (its tenant's own, its readable share groups); the rest of the prompt
-        only in the scope's own namespace, chained from its own prefix keys.
-        """
-        max_hit = plan.max_hit
-        best = self.pool.lookup(plan.keys[:max_hit])
-        span = min(plan.prefix_blocks, max_hit)
-        if len(best) >= span or plan.prefix_view is None:
-            return best
-        best = self._longest_hit(best, plan.prefix_read_roots, packed, plan.prefix_view, span)
-        if len(best) == span < max_hit:  # the whole prefix, found in another namespace
-            best += self.pool.lookup(plan.keys[span:max_hit])
-        return best
-
-    def _longest_hit(
-        self,
-        best: list[int],
-        roots: tuple[bytes, ...],
-        packed: bytes,
-        view: ScopeView,
-        count: int,
-    ) -> list[int]:
-        """The longest of ``best`` and the hits of the first ``count`` blocks in each root.
-
-        Chains of namespaces other than the publish one are derived only here and
-        only until a hit covers all ``count`` blocks, so a scope without share
-        groups pays for one chain; every hit but the longest is given back, so a
-        reference is held on the returned blocks only.
-        """
-        pool = self.pool
-        for root in roots:
-            if len(best) == count:
-                break
-            chain = self.deriver.derive_chain(root, packed, view.digest, self.block_size, count)
-            found = pool.lookup(chain)
-            if len(found) > len(best):
-                best, found = found, best
-            if found:
-                pool.free(found)
-        return best
-
-    def _check_sharing(
-        self,
-        view: ScopeView,
-        hit_ids: list[int],
-        seq_id: str,
-        prefix_view: ScopeView | None,
-        prefix_blocks: int,
-    ) -> int:
-        """How many leading hit blocks the sharing policy lets the requester use; audits.
-
-        Gives nothing back itself: :meth:`find_hits` frees the blocks past the cut,
-        or every hit block if this raises.
-        """
-        requester = view.scope.tenant
-        groups = self.owners.group(hit_ids)
-        keep = len(hit_ids)
-        granted: dict[tuple[CacheScope, CacheScope], Decision] = {}
-        if not all(o is not None and o.tenant == requester for o, _ in groups):
-            verdict = judge_hits(
-                self.policy,
-                lambda owner: self.views.view(owner, admitted=True),
-                self.owners.table,
-                view,
-                hit_ids,
-                prefix_view,
-                prefix_blocks,
-            )
-            keep, granted = verdict.keep, verdict.granted
-            if keep < len(hit_ids):
-                groups = self.owners.group(hit_ids[:keep])
-            if verdict.denied is not None:
-                self._record_share_denied(requester, seq_id, *verdict.denied)
-        counters = self.counters[requester]
-        reused = self.block_size
-        for owner, ids in groups:
-            if owner is None:  # pragma: no cover - excluded by judge_hits
-                continue
-            fields = {
-                **self.views.view(owner, admitted=True).fields,
-                "requester_tenant": requester,
-            }
-            if owner.tenant == requester:
-                self.audit.record(
-                    AuditEvent(
-                        type=EventType.REUSE,
-                        **fields,
-                        sequence_id=seq_id,
-                        block_ids=tuple(ids),
-                        reused_tokens=len(ids) * reused,
-                    )
-                )
-                continue
-            counters.cross_tenant_reuses += 1
-            decision = next(d for (_, o), d in granted.items() if o == owner)
-            self.audit.record(
-                AuditEvent(
-                    type=EventType.CROSS_TENANT_REUSE,
-                    **fields,
-                    sequence_id=seq_id,
-                    block_ids=tuple(ids),
-                    reused_tokens=len(ids) * reused,
-                    decision_id=decision.decision_id,
-                    policy_revision=decision.bundle_revision,
-                )
-            )
-        return keep
-
-    def _record_share_denied(
-        self, requester: str, seq_id: str, owner: CacheScope, share: SharingDecision
-    ) -> None:
-        self.counters[requester].cross_tenant_denied += 1
-        self.audit.record(
-            AuditEvent(
-                type=EventType.SHARE_DENIED,
-                **{**self.views.view(owner, admitted=True).fields, "requester_tenant": requester},
-                sequence_id=seq_id,
-                decision_id=share.decision.decision_id,
-                policy_revision=share.decision.bundle_revision,
-                details={"reason": share.reason},
-            )
-        )
 
     # ------------------------------------------------------------------ observation and life
 

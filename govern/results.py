@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvgov.audit import Evidence
+
 __all__ = ["Admission", "ErasureReport", "InvalidationReport", "ReconcileReport"]
 
 
@@ -45,9 +47,16 @@ class ErasureReport:
         detached_blocks: blocks of the tenant still held by running sequences
             (of any tenant), unreachable by key from now on and zeroized when
             their last holder releases them.
-        verified: every zeroized block was read back as all zero bytes.
-        event_id: the erasure event in the audit trail (written synchronously).
+        verified: every block the tenant wrote is zeroized now and read back as all
+            zero bytes: no block was detached (held by a running sequence, zeroized
+            only at its release) and the pool could read the zeroized ones back
+            (a pool whose bytes live in another process cannot: never verified).
+        event_id: the erasure event in the audit trail (durable before this returns).
         finished_at: the cache clock's time when the purge finished (seconds).
+        evidence: where the erasure event is: ``"stored"`` in the audit database, or
+            ``"spooled"`` only in the local spool (the database did not answer in
+            time; the event is replayed into it when it does, and ``kvgov audit
+            status`` lists it until then).
     """
 
     tenant: str
@@ -58,6 +67,7 @@ class ErasureReport:
     verified: bool
     event_id: str
     finished_at: float
+    evidence: Evidence
 
 
 @dataclass(frozen=True, slots=True)

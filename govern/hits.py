@@ -1,0 +1,226 @@
+"""Finding the cached prefix a scope may use: :class:`HitFinder`, part of the governor.
+
+A scope looks for its prompt's blocks in the namespace it publishes in, then in
+its tenant's own and every share group it may read (a public prefix first where
+that scope publishes, then where it may read). A hit on a block another tenant
+wrote is used only if the sharing policy allows that requester and that owner
+(:mod:`kvgov.govern.sharing`), and every reuse is audited.
+
+The methods are the governor's (:class:`~kvgov.govern.governor.Governor`
+inherits them); they live here to keep the governor's module to the admission
+story. They run under the governor's lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
+from kvgov.policy import Decision, PolicyClient, SharingDecision
+
+from .keys import KeyDeriver
+from .ownership import Owners
+from .plan import KeyPlan
+from .protocol import GovernedPool
+from .scope import CacheScope
+from .sharing import judge_hits
+from .views import ScopeView, ScopeViews
+
+if TYPE_CHECKING:
+    from collections import defaultdict
+    from collections.abc import Callable
+
+    from .stats import _TenantCounters
+
+__all__ = ["HitFinder"]
+
+
+class HitFinder:
+    """Prefix lookup over a scope's namespaces, the sharing check and the reuse audit."""
+
+    pool: GovernedPool
+    policy: PolicyClient
+    audit: AuditLog
+    deriver: KeyDeriver
+    block_size: int
+    views: ScopeViews
+    owners: Owners
+    counters: defaultdict[str, _TenantCounters]
+    drain: Callable[[], None]  # the governor's: pool events into owners, deadlines, audit
+
+    def find_hits(
+        self,
+        view: ScopeView,
+        plan: KeyPlan,
+        packed: bytes,
+        seq_id: str,
+        deferred: list[Deferred],
+    ) -> list[int]:
+        """The longest cached prefix the scope may use, with a reference taken on each block.
+
+        Looks in the publish namespace, then the tenant's own and every readable
+        share group (a public prefix first where that scope publishes, then where
+        it may read); cuts the hit at the first block whose owner the sharing
+        policy refuses; audits the reuse. The critical events (a cross-tenant
+        reuse, a refused share) are appended to the chain here and their waits
+        added to ``deferred``: the binding waits on them after releasing the
+        lock, before it hands the blocks out, so no database wait holds the lock.
+        """
+        if not plan.cacheable or not plan.max_hit:
+            return []
+        if plan.prefix_blocks:
+            hits = self._prefix_lookup(plan, packed)
+        else:
+            hits = self.pool.lookup(plan.keys[: plan.max_hit])
+            hits = self._longest_hit(hits, plan.read_roots, packed, view, plan.max_hit)
+        self.drain()
+        if not hits:
+            return hits
+        try:
+            keep = self._check_sharing(
+                view, hits, seq_id, plan.prefix_view, plan.prefix_blocks, deferred
+            )
+        except BaseException:
+            self.pool.free(hits)
+            self.drain()
+            raise
+        if keep < len(hits):
+            self.pool.free(hits[keep:])
+            self.drain()
+            del hits[keep:]
+        return hits
+
+    def _prefix_lookup(self, plan: KeyPlan, packed: bytes) -> list[int]:
+        """Longest hit for an admission with a public prefix; takes a reference on it only.
+
+        The prefix is looked up where the public scope publishes, then, if that
+        misses part of it, in every other namespace the public scope may read
+        (its tenant's own, its readable share groups); the rest of the prompt
+        only in the scope's own namespace, chained from its own prefix keys.
+        """
+        max_hit = plan.max_hit
+        best = self.pool.lookup(plan.keys[:max_hit])
+        span = min(plan.prefix_blocks, max_hit)
+        if len(best) >= span or plan.prefix_view is None:
+            return best
+        best = self._longest_hit(best, plan.prefix_read_roots, packed, plan.prefix_view, span)
+        if len(best) == span < max_hit:  # the whole prefix, found in another namespace
+            best += self.pool.lookup(plan.keys[span:max_hit])
+        return best
+
+    def _longest_hit(
+        self,
+        best: list[int],
+        roots: tuple[bytes, ...],
+        packed: bytes,
+        view: ScopeView,
+        count: int,
+    ) -> list[int]:
+        """The longest of ``best`` and the hits of the first ``count`` blocks in each root.
+
+        Chains of namespaces other than the publish one are derived only here and
+        only until a hit covers all ``count`` blocks, so a scope without share
+        groups pays for one chain; every hit but the longest is given back, so a
+        reference is held on the returned blocks only.
+        """
+        pool = self.pool
+        for root in roots:
+            if len(best) == count:
+                break
+            chain = self.deriver.derive_chain(root, packed, view.digest, self.block_size, count)
+            found = pool.lookup(chain)
+            if len(found) > len(best):
+                best, found = found, best
+            if found:
+                pool.free(found)
+        return best
+
+    def _check_sharing(
+        self,
+        view: ScopeView,
+        hit_ids: list[int],
+        seq_id: str,
+        prefix_view: ScopeView | None,
+        prefix_blocks: int,
+        deferred: list[Deferred],
+    ) -> int:
+        """How many leading hit blocks the sharing policy lets the requester use; audits.
+
+        Gives nothing back itself: :meth:`find_hits` frees the blocks past the cut,
+        or every hit block if this raises.
+        """
+        requester = view.scope.tenant
+        groups = self.owners.group(hit_ids)
+        keep = len(hit_ids)
+        granted: dict[tuple[CacheScope, CacheScope], Decision] = {}
+        if not all(o is not None and o.tenant == requester for o, _ in groups):
+            verdict = judge_hits(
+                self.policy,
+                lambda owner: self.views.view(owner, admitted=True),
+                self.owners.table,
+                view,
+                hit_ids,
+                prefix_view,
+                prefix_blocks,
+            )
+            keep, granted = verdict.keep, verdict.granted
+            if keep < len(hit_ids):
+                groups = self.owners.group(hit_ids[:keep])
+            if verdict.denied is not None:
+                self._record_share_denied(requester, seq_id, *verdict.denied, deferred)
+        counters = self.counters[requester]
+        reused = self.block_size
+        for owner, ids in groups:
+            if owner is None:  # pragma: no cover - excluded by judge_hits
+                continue
+            fields = {
+                **self.views.view(owner, admitted=True).fields,
+                "requester_tenant": requester,
+            }
+            if owner.tenant == requester:
+                self.audit.record(
+                    AuditEvent(
+                        type=EventType.REUSE,
+                        **fields,
+                        sequence_id=seq_id,
+                        block_ids=tuple(ids),
+                        reused_tokens=len(ids) * reused,
+                    )
+                )
+                continue
+            counters.cross_tenant_reuses += 1
+            decision = next(d for (_, o), d in granted.items() if o == owner)
+            deferred.append(
+                self.audit.defer(
+                    AuditEvent(
+                        type=EventType.CROSS_TENANT_REUSE,
+                        **fields,
+                        sequence_id=seq_id,
+                        block_ids=tuple(ids),
+                        reused_tokens=len(ids) * reused,
+                        decision_id=decision.decision_id,
+                        policy_revision=decision.bundle_revision,
+                    )
+                )
+            )
+        return keep
+
+    def _record_share_denied(
+        self,
+        requester: str,
+        seq_id: str,
+        owner: CacheScope,
+        share: SharingDecision,
+        deferred: list[Deferred],
+    ) -> None:
+        self.counters[requester].cross_tenant_denied += 1
+        fields = {**self.views.view(owner, admitted=True).fields, "requester_tenant": requester}
+        event = AuditEvent(
+            type=EventType.SHARE_DENIED,
+            **fields,
+            sequence_id=seq_id,
+            decision_id=share.decision.decision_id,
+            policy_revision=share.decision.bundle_revision,
+            details={"reason": share.reason},
+        )
+        deferred.append(self.audit.defer(event))
