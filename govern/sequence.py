@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from kvgov import defaults
 from kvgov.exceptions import InvalidArgument, InvalidScope
+from kvgov.schema import TEXT_LIMITS, text_problem
 
 from .keys import pack_tokens
 from .plan import KeyPlan
@@ -62,13 +63,18 @@ class LiveSeq:
 
 
 def check_seq_id(seq_id: object) -> str:
-    """A caller's sequence id: a non-empty string of at most 256 characters.
+    """A caller's sequence id: a non-empty string the audit store can hold.
 
     Raises:
-        InvalidArgument: it is not.
+        InvalidArgument: it is not a string, is empty, or the store would refuse it
+            (too long, a NUL character, a lone surrogate).
     """
-    if not isinstance(seq_id, str) or not seq_id or len(seq_id) > 256:
-        raise InvalidArgument("seq_id", seq_id, "a non-empty string of at most 256 characters")
+    limit = TEXT_LIMITS["sequence_id"]
+    if not isinstance(seq_id, str) or not seq_id:
+        raise InvalidArgument("seq_id", seq_id, f"a non-empty string of at most {limit} characters")
+    problem = text_problem(seq_id, limit)
+    if problem is not None:
+        raise InvalidArgument("seq_id", seq_id[:32], f"the sequence id {problem}")
     return seq_id
 
 
