@@ -2,7 +2,8 @@
 
 ``PolicyClient`` is what the govern layer uses: typed accessors (admission,
 sharing, share groups, retention, offload, classifications) over a decision
-cache over an engine, the embedded regorus engine by default or an OPA server.
+cache over an engine: the embedded regorus engine by default, OPA itself
+in-process (the reference engine), or an OPA server.
 Any engine error, timeout or wrong-shaped result denies. See docs/policy.md.
 """
 
@@ -19,6 +20,7 @@ from kvgov.policy.client import (
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import Decision, PolicyEngine, normalize_path
 from kvgov.policy.opa_server import OpaServerEngine
+from kvgov.policy.reference import CoverageReport, FileCoverage, ReferenceEngine
 from kvgov.policy.testing import RegoTestReport, RegoTestResult, run_tests
 
 __all__ = [
@@ -27,13 +29,16 @@ __all__ = [
     "Bundle",
     "CacheStats",
     "CachedEngine",
+    "CoverageReport",
     "Decision",
     "EmbeddedEngine",
+    "FileCoverage",
     "OffloadDecision",
     "OpaServerEngine",
     "PolicyClient",
     "PolicyEngine",
     "PolicyFile",
+    "ReferenceEngine",
     "RegoTestReport",
     "RegoTestResult",
     "RetentionDecision",
