@@ -122,8 +122,9 @@ default decision := {
 # The admitted case first, in one body that reads the request in place: every
 # rule or function a body refers to costs the embedded engine a few µs, so this
 # is the hot path. It makes the same checks as scope_valid, valid_tokens
-# (max_exact_integer written out), valid_priority, token_limit and the tenant
-# denials, so it holds exactly when deny is empty
+# (max_exact_integer written out), valid_priority, token_limit (undefined here, not
+# null, when no limit is configured; 0 <= n <= limit implies limit >= 0) and the
+# tenant denials, so it holds exactly when deny is empty
 # (admission_test.rego checks that); otherwise deny gives the reasons.
 decision := {
 	"allow": true,
@@ -140,9 +141,8 @@ decision := {
 	n == round(n)
 	t := object.get(data.kvgov.config, ["tenants", s.tenant], {})
 	object.get(t, "admission", true) != false
-	limit := object.get(t, "max_tokens", object.get(data.kvgov.config, "max_tokens", null))
+	limit := object.get(t, "max_tokens", data.kvgov.config.max_tokens)
 	is_number(limit)
-	limit >= 0
 	n <= limit
 	p := granted_priority(object.get(input, "priority", null), t)
 	a := admitted(s.classification, t)
