@@ -46,9 +46,9 @@ def bundle_copy(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def fake_opa(embedded: EmbeddedEngine) -> Iterator[FakeOpa]:
-    """A local OPA-like server answering from the embedded engine."""
-    server = FakeOpa(embedded)
+def fake_opa(reference: ReferenceEngine) -> Iterator[FakeOpa]:
+    """A local OPA-like server answering from the reference engine (OPA itself)."""
+    server = FakeOpa(reference)
     yield server
     server.close()
 
