@@ -3,9 +3,10 @@
 :func:`run_bundle_tests` runs them on the embedded engine (regorus);
 :func:`kvgov.policy.reference.run_reference_tests` on OPA itself, with line
 coverage when asked; :func:`run_tests` loads a bundle and runs them on the one
-named. Tests follow OPA's conventions, so the same files pass ``opa test``: a
-test is a rule whose name starts with ``test_``, in any package of a
-``*_test.rego`` file, written at the start of a line (as ``opa fmt`` writes it). A
+named. Tests follow OPA's conventions (the reference engine is the library ``opa
+test`` runs): a test is a rule whose name starts with ``test_``, in any package
+of a ``*_test.rego`` file, written at the start of a line (as OPA's formatter
+writes it). A
 test passes when it is defined and not ``false``; it fails when it is undefined
 (a condition did not hold), ``false``, or raises an error. Tests see the bundle's
 own data.json (never the caller's ``policy_data``), as ``opa test DIR`` does.
