@@ -8,7 +8,7 @@
 # are zeroized at release); tokens must be an integer from 0 to 2^53 - 1 (the
 # integers JSON numbers hold exactly: OPA and regorus disagree about rounding
 # beyond them); every request is bounded by a token limit, the bundle's
-# max_tokens (data.json ships 131072) unless the tenant overrides it. Tenant
+# max_tokens (data.json ships 262144) unless the tenant overrides it. Tenant
 # overrides (data.kvgov.config.tenants[t]): "admission": false denies, "cache":
 # false admits without caching, "priority" is the tenant's default priority,
 # "max_tokens" replaces the bundle's limit (a limit that is not a non-negative

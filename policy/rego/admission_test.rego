@@ -117,11 +117,11 @@ test_tenant_without_overrides_is_admitted_under_the_default_limit if {
 }
 
 test_default_max_tokens_bounds_every_tenant if {
-	data.kvgov.config.max_tokens == 131072
-	admission.decision.allow with input as object.union(request, {"tokens": 131072})
-	d := admission.decision with input as object.union(request, {"tokens": 131073})
+	data.kvgov.config.max_tokens == 262144
+	admission.decision.allow with input as object.union(request, {"tokens": 262144})
+	d := admission.decision with input as object.union(request, {"tokens": 262145})
 	not d.allow
-	d.reason == "131073 tokens exceed tenant acme's max_tokens 131072"
+	d.reason == "262145 tokens exceed tenant acme's max_tokens 262144"
 }
 
 test_tenant_max_tokens_replaces_the_default if {

@@ -90,8 +90,8 @@ UNKNOWN_LABEL = st.sampled_from(["secret", "Public", ""])
 #: Mostly known labels (one in two), else unknown ones or odd values.
 CLASSIFICATION = st.one_of(st.sampled_from(LABELS), UNKNOWN_LABEL, ODD, st.sampled_from(LABELS))
 ADAPTER = st.sampled_from([(None, None), ("lora", "a1"), ("lora", None), (None, "a1"), ("", "a")])
-BOUNDARIES = [0, 1, 63, 64, 65, 4095, 4096, 4097, 131071, 131072, 131073]
-TOKENS = st.one_of(st.sampled_from(BOUNDARIES), st.integers(0, 300_000), ODD)
+BOUNDARIES = [0, 1, 63, 64, 65, 4095, 4096, 4097, 262143, 262144, 262145]
+TOKENS = st.one_of(st.sampled_from(BOUNDARIES), st.integers(0, 400_000), ODD)
 PRIORITY = st.one_of(st.none(), st.integers(-5, 105), ODD)
 TIER = st.one_of(st.sampled_from(["cpu", "disk", "gpu", ""]), ODD)
 

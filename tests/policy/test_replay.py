@@ -41,7 +41,8 @@ DEPLOYED: dict[str, Any] = {
 TENANTS = ("acme", "globex", "initech")
 LABELS = ("public", "internal", "restricted")
 T0 = 1_750_000_000.0
-#: Admissions in the trail: tenants x labels x (128, 200000 tokens) x (null, 80).
+#: Admissions in the trail: tenants x labels x tokens (128; 300000, over the default
+#: limit) x priorities (null, 80).
 ADMISSIONS = len(TENANTS) * len(LABELS) * 2 * 2
 
 
@@ -75,7 +76,7 @@ def trail(sqlite_url: str, tmp_path: Path) -> str:
     with AuditLog(sqlite_url, "w1", clock=clock, spool_path=tmp_path / "s.jsonl") as log:
         for tenant in TENANTS:
             for label in LABELS:
-                for tokens in (128, 200_000):
+                for tokens in (128, 300_000):
                     for priority in (None, 80):
                         record_admission(log, client, scope(tenant, label), tokens, priority)
         for requester in ("globex", "initech"):
