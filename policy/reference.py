@@ -15,9 +15,11 @@ package's metadata asks for Python >= 3.14 but the library and wrapper run on
 3.11, so it is not a dependency of kvgov; install it with
 :data:`INSTALL_COMMAND` (``make install`` does). It is imported on first use.
 
-Speed: about 120 µs per decision on a quiet machine (up to 450 µs on a busy
-2-core one), most of it JSON encoding and the cgo call, against about 40 µs for
-the embedded engine (benchmarks/bench_policy.py). Put a decision cache in front
+Speed: about 120 µs per decision on a quiet machine, three to five times the
+embedded engine (benchmarks/bench_policy.py; 290-450 µs on a busy 2-core machine
+where the embedded engine took 85-100 µs). About half of it is the fixed cost of
+a call (JSON both ways and the cgo crossing: OPA answers a constant rule in half
+the time of an admission). Put a decision cache in front
 (:class:`~kvgov.policy.client.PolicyClient` does). :meth:`ReferenceEngine.evaluate_many`
 evaluates a batch of inputs in one call, about 3x cheaper per input, for replay,
 diff and the differential tests. OPA prepares (compiles) each distinct query
