@@ -7,6 +7,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvgov-installed
 TORCH_PIN ?= torch==2.13.0
+# The reference policy engine (OPA v1.20.2 as a c-shared library, policy/reference.py).
+# Not a dependency in pyproject: its metadata asks for Python >= 3.14, yet the
+# library and its ctypes wrapper run on 3.11, so it is installed on its own,
+# with --no-deps (it needs nothing at run time) and the Python check off.
+OPA_PIN ?= opa-golib-python-bindings==0.4.4
 
 .PHONY: install demo test test-faults lint bench bench-vllm clean
 
@@ -15,6 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --ignore-requires-python $(OPA_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)

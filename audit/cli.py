@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 from rich.console import Console
@@ -26,6 +26,7 @@ from kvgov.audit.cli_common import default_url, url_option
 from kvgov.audit.cli_errors import EXIT_EVIDENCE, ErrorsToExitCodes
 from kvgov.audit.cli_ops import quarantine_group, status_cmd, streams_cmd
 from kvgov.audit.expect import load_expected_streams
+from kvgov.audit.export import decision_log, write_decision_log
 from kvgov.audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
 from kvgov.audit.signing import generate_key_files, key_id, load_public_key
 from kvgov.audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
@@ -355,20 +356,32 @@ def events_cmd(
 
 
 @audit_group.command("export")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "csv", "opa-decision-log"]),
+    default="jsonl",
+    help="jsonl, csv: every event; opa-decision-log: the policy decisions, one OPA "
+    "decision-log JSON object per line (see kvgov.audit.export).",
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @_url_option
 def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
-    """Export every event (never tokens or text: none are stored) as JSON Lines or CSV."""
+    """Export every event (never tokens or text: none are stored), or the decisions."""
+
+    def write(q: AuditQueries, out: TextIO) -> int:
+        if fmt == "opa-decision-log":
+            return write_decision_log(out, decision_log(q))
+        return q.export(out, fmt)
 
     def export(q: AuditQueries) -> int:
         if output is None:
-            return q.export(sys.stdout, fmt)
+            return write(q, sys.stdout)
         with output.open("w", encoding="utf-8", newline="") as f:
-            return q.export(f, fmt)
+            return write(q, f)
 
     n = _query(url, export)
-    click.echo(f"exported {n} events", err=True)
+    click.echo(f"exported {n} {'decisions' if fmt == 'opa-decision-log' else 'events'}", err=True)
 
 
 @audit_group.command("checkpoints")

@@ -390,6 +390,39 @@ class AuditQueries:
             for r in result:
                 yield _record(r)
 
+    def iter_events(
+        self,
+        types: Sequence[str] | None = None,
+        tenant: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        batch: int = 10_000,
+    ) -> Iterator[AuditRecord]:
+        """Events of some types in a time window, oldest first, streamed (for long
+        windows that ``events`` would hold in memory at once).
+
+        Args:
+            types: the event types (None: all).
+            tenant: only events of this tenant, as owner or as requester (None: all).
+            since: inclusive lower time bound.
+            until: exclusive upper time bound.
+            batch: rows fetched per round trip.
+
+        Yields:
+            The records, in time, then ``(stream, seq)`` order.
+        """
+        stmt = select(*_SELECT_COLS)
+        if types is not None:
+            stmt = stmt.where(AuditEventRow.type.in_(list(types)))
+        if tenant is not None:
+            stmt = stmt.where(
+                or_(AuditEventRow.tenant == tenant, AuditEventRow.requester_tenant == tenant)
+            )
+        stmt = self._ordered(self._window(stmt, since, until))
+        with self._engine.connect() as conn:
+            for r in conn.execution_options(yield_per=batch).execute(stmt):
+                yield _record(r)
+
     def export(self, out: TextIO, format: str = "jsonl") -> int:
         """Write every event to ``out`` as JSON Lines or CSV.
 

@@ -21,6 +21,7 @@ from kvgov.audit.cli_errors import ErrorsToExitCodes
 from kvgov.policy.cli import policy_group
 
 from .logs import configure_logging
+from .policy_replay import replay_command as policy_replay_command
 
 __all__ = ["main"]
 
@@ -59,6 +60,7 @@ def main() -> None:
     configure_logging()
 
 
+policy_group.add_command(policy_replay_command)
 main.add_command(policy_group)
 main.add_command(audit_group)
 main.add_command(db_group)

@@ -2,8 +2,12 @@
 
 ``PolicyClient`` is what the govern layer uses: typed accessors (admission,
 sharing, share groups, retention, offload, classifications) over a decision
-cache over an engine, the embedded regorus engine by default or an OPA server.
-Any engine error, timeout or wrong-shaped result denies. See docs/policy.md.
+cache over an engine: the embedded regorus engine by default, OPA itself
+in-process (the reference engine), or an OPA server.
+Any engine error, timeout or wrong-shaped result denies. For a policy review:
+:func:`run_tests` on either engine (with OPA's coverage), :func:`diff_bundles`
+over :func:`generate_inputs`, and :func:`replay` of recorded decisions. See
+docs/policy.md.
 """
 
 from kvgov.policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge, load_bundle
@@ -16,9 +20,13 @@ from kvgov.policy.client import (
     ShareGroups,
     SharingDecision,
 )
+from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import Decision, PolicyEngine, normalize_path
 from kvgov.policy.opa_server import OpaServerEngine
+from kvgov.policy.reference import CoverageReport, FileCoverage, ReferenceEngine
+from kvgov.policy.replay import read_decision_log, replay
+from kvgov.policy.review import Change, Outcome, ReviewReport
 from kvgov.policy.testing import RegoTestReport, RegoTestResult, run_tests
 
 __all__ = [
@@ -27,20 +35,30 @@ __all__ = [
     "Bundle",
     "CacheStats",
     "CachedEngine",
+    "Change",
+    "CoverageReport",
     "Decision",
     "EmbeddedEngine",
+    "FileCoverage",
     "OffloadDecision",
     "OpaServerEngine",
+    "Outcome",
     "PolicyClient",
     "PolicyEngine",
     "PolicyFile",
+    "ReferenceEngine",
     "RegoTestReport",
     "RegoTestResult",
     "RetentionDecision",
+    "ReviewReport",
     "ShareGroups",
     "SharingDecision",
     "deep_merge",
+    "diff_bundles",
+    "generate_inputs",
     "load_bundle",
     "normalize_path",
+    "read_decision_log",
+    "replay",
     "run_tests",
 ]

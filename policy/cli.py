@@ -1,12 +1,22 @@
-"""`kvgov policy ...` commands: run the bundle's Rego tests, evaluate one rule.
+"""`kvgov policy ...` commands: test the bundle on both engines, evaluate one rule,
+compare two bundles, replay recorded decisions against a candidate.
 
-``kvgov policy test [DIR]`` runs every ``test_`` rule of the bundle (the bundled
-one by default), prints pass / fail per test and a summary, and exits 1 on any
-failure (2 when the bundle does not load).
+``kvgov policy test [DIR] [--engine embedded|reference|both] [--coverage]
+[--min-coverage PCT]`` runs every ``test_`` rule of the bundle (the bundled one by
+default) on the embedded engine (regorus, the default), on the reference engine
+(OPA itself) or on both, prints pass / fail per test and a summary per engine,
+with ``--coverage`` the reference engine's line coverage of the policy modules,
+and exits 1 on any failure or coverage under ``--min-coverage`` (2 when the
+bundle does not load or the reference engine is not installed).
 
 ``kvgov policy eval RULE --input FILE|JSON [--data FILE] [--bundle DIR]`` prints
 the decision as JSON and exits 0, or 1 when the decision failed closed with an
 error (2 when the bundle does not load).
+
+``kvgov policy diff OLD_DIR NEW_DIR`` and ``kvgov policy replay --candidate DIR
+(--url URL | --decision-log FILE)`` print what would change (see
+:mod:`kvgov.policy.review`); with ``--fail-on-change`` they exit 1 when anything
+would.
 """
 
 from __future__ import annotations
@@ -21,28 +31,27 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvgov.exceptions import PolicyLoadError
+from kvgov.exceptions import InternalError, PolicyError, PolicyLoadError
+from kvgov.policy.client import PolicyClient
+from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
-from kvgov.policy.testing import run_tests
+from kvgov.policy.reference import CoverageReport
+from kvgov.policy.review import ReviewReport
+from kvgov.policy.testing import RegoTestReport, run_tests
 
 __all__ = ["policy_group"]
 
-policy_group = click.Group("policy", help="Test and evaluate the Rego policy bundle.")
+policy_group = click.Group("policy", help="Test, evaluate, diff and replay the Rego policy bundle.")
+
+_ENGINES = {
+    "embedded": ("embedded",),
+    "reference": ("reference",),
+    "both": ("embedded", "reference"),
+}
+_ENGINE_TITLE = {"embedded": "embedded engine (regorus)", "reference": "reference engine (OPA)"}
 
 
-@policy_group.command("test")
-@click.argument(
-    "directory", required=False, type=click.Path(file_okay=False, path_type=Path), default=None
-)
-@click.option("--quiet", "-q", is_flag=True, help="Print failures and the summary only.")
-def test_command(directory: Path | None, quiet: bool) -> None:
-    """Run every test_ rule of the bundle in DIRECTORY (default: the bundled policy)."""
-    console = Console(highlight=False)
-    try:
-        report = run_tests(directory)
-    except PolicyLoadError as exc:
-        console.print(f"[bold red]bundle does not load:[/] {exc}")
-        raise click.exceptions.Exit(2) from None
+def _print_tests(console: Console, report: RegoTestReport, quiet: bool) -> None:
     table = Table(show_header=True, header_style="bold", box=None)
     table.add_column("result")
     table.add_column("test")
@@ -60,8 +69,78 @@ def test_command(directory: Path | None, quiet: bool) -> None:
     if not report.results:
         console.print("[bold red]no test_ rules found[/] (a bundle must test itself)")
     colour = "green" if report.passed else "bold red"
-    console.print(f"[{colour}]{passed} passed, {failed} failed[/]")
-    if not report.passed:
+    console.print(f"[{colour}]{passed} passed, {failed} failed[/] on the {report.engine} engine")
+
+
+def _print_coverage(console: Console, coverage: CoverageReport) -> None:
+    table = Table(title="coverage of the policy modules by their tests (OPA)", box=None)
+    table.add_column("module")
+    table.add_column("covered", justify="right")
+    table.add_column("not covered", justify="right")
+    table.add_column("%", justify="right")
+    table.add_column("lines not covered")
+    for f in coverage.files:
+        lines = ", ".join(str(n) for n in sorted(f.not_covered))
+        table.add_row(
+            f.name, str(len(f.covered)), str(len(f.not_covered)), f"{f.percent:.1f}", lines
+        )
+    console.print(table)
+    console.print(f"coverage: {coverage.percent:.1f}%")
+
+
+@policy_group.command("test")
+@click.argument(
+    "directory", required=False, type=click.Path(file_okay=False, path_type=Path), default=None
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print failures and the summary only.")
+@click.option(
+    "--engine",
+    type=click.Choice(sorted(_ENGINES)),
+    default="embedded",
+    show_default=True,
+    help="Run the tests on regorus (embedded), on OPA itself (reference), or on both.",
+)
+@click.option(
+    "--coverage",
+    is_flag=True,
+    help="Print the line coverage of the policy modules (from the reference engine, "
+    "which then runs too).",
+)
+@click.option(
+    "--min-coverage",
+    type=click.FloatRange(0, 100),
+    default=None,
+    metavar="PCT",
+    help="Exit 1 when coverage is below PCT (implies --coverage).",
+)
+def test_command(
+    directory: Path | None, quiet: bool, engine: str, coverage: bool, min_coverage: float | None
+) -> None:
+    """Run every test_ rule of the bundle in DIRECTORY (default: the bundled policy)."""
+    console = Console(highlight=False)
+    coverage = coverage or min_coverage is not None
+    engines = _ENGINES[engine]
+    if coverage and "reference" not in engines:
+        engines = (*engines, "reference")
+    ok = True
+    for name in engines:
+        console.print(f"[bold]== {_ENGINE_TITLE[name]}[/]")
+        try:
+            report = run_tests(directory, engine=name, coverage=coverage and name == "reference")
+        except PolicyLoadError as exc:
+            console.print(f"[bold red]bundle does not load:[/] {exc}")
+            raise click.exceptions.Exit(2) from None
+        except PolicyError as exc:
+            console.print(f"[bold red]cannot run the {name} engine:[/] {exc}")
+            raise click.exceptions.Exit(2) from None
+        _print_tests(console, report, quiet)
+        ok = ok and report.passed
+        if report.coverage is not None:
+            _print_coverage(console, report.coverage)
+            if min_coverage is not None and report.coverage.percent < min_coverage:
+                console.print(f"[bold red]coverage is below {min_coverage:g}%[/]")
+                ok = False
+    if not ok:
         raise click.exceptions.Exit(1)
 
 
@@ -118,3 +197,123 @@ def eval_command(rule: str, input_: str, data_file: Path | None, bundle_dir: Pat
     click.echo(json.dumps(dataclasses.asdict(decision), indent=2, sort_keys=True))
     if decision.error is not None:
         raise click.exceptions.Exit(1)
+
+
+def _policy_data(data_file: Path | None) -> dict[str, Any] | None:
+    data = _json_argument(str(data_file), "--data") if data_file is not None else None
+    if data is not None and not isinstance(data, dict):
+        raise click.BadParameter("the data must be a JSON object", param_hint="--data")
+    return data
+
+
+def _open_engine(directory: Path, data: dict[str, Any] | None, engine: str) -> EmbeddedEngine | Any:
+    """An engine over a bundle (tests not run: a review compares, it does not gate)."""
+    try:
+        if engine == "reference":
+            from kvgov.policy.reference import ReferenceEngine
+
+            return ReferenceEngine(directory, data, run_tests=False)
+        return EmbeddedEngine(directory, data, run_tests=False)
+    except PolicyLoadError as exc:
+        click.echo(f"bundle {directory} does not load: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None
+    except PolicyError as exc:
+        click.echo(f"cannot run the {engine} engine: {exc}", err=True)
+        raise click.exceptions.Exit(2) from None
+
+
+def _brief(fields: Any) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in dict(fields).items())
+
+
+def _print_review(console: Console, report: ReviewReport, heading: str) -> None:
+    colour = "bold red" if report.changed else "green"
+    console.print(heading)
+    console.print(
+        f"[{colour}]{report.evaluated} decisions evaluated, {report.changed} would change[/]"
+    )
+    for reason, n in sorted(report.skipped.items()):
+        console.print(f"skipped {n}: {reason}")
+    if not report.changed:
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in ("change", "tenant", "classification"):
+        table.add_column(column)
+    table.add_column("count", justify="right")
+    for row in report.to_dict()["counts"]:
+        table.add_row(row["kind"], row["tenant"], row["classification"], str(row["count"]))
+    console.print(table)
+    for kind, changes in report.examples.items():
+        console.print(f"[bold]{kind}[/], e.g.:")
+        for c in changes:
+            where = " ".join(x for x in (c.timestamp, c.decision_id) if x)
+            console.print(
+                f"  {where + ' ' if where else ''}{c.tenant or '?'} / {c.classification or '?'}: "
+                f"{_brief(c.before.fields)} -> {_brief(c.after.fields)} ({c.after.reason})"
+            )
+
+
+def _finish(report: ReviewReport, fail_on_change: bool) -> None:
+    if fail_on_change and report.changed:
+        raise click.exceptions.Exit(1)
+
+
+_engine_option = click.option(
+    "--engine",
+    type=click.Choice(["embedded", "reference"]),
+    default="embedded",
+    show_default=True,
+    help="The engine evaluating the bundles.",
+)
+_data_option = click.option(
+    "--data",
+    "data_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A JSON file deep-merged over the data.json of every bundle (your policy_data).",
+)
+
+
+def _review_options(f: Any) -> Any:
+    f = click.option(
+        "--fail-on-change", is_flag=True, help="Exit 1 when any decision would change."
+    )(f)
+    f = click.option(
+        "--examples", type=click.IntRange(0), default=3, show_default=True,
+        help="Changes shown per kind.",
+    )(f)  # fmt: skip
+    f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
+    return _data_option(_engine_option(f))
+
+
+@policy_group.command("diff")
+@click.argument("old_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("new_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@_review_options
+def diff_command(
+    old_dir: Path,
+    new_dir: Path,
+    engine: str,
+    data_file: Path | None,
+    as_json: bool,
+    examples: int,
+    fail_on_change: bool,
+) -> None:
+    """Evaluate OLD_DIR and NEW_DIR on inputs generated from their configured tenants and
+    classifications, and print the decisions that differ."""
+    data = _policy_data(data_file)
+    old, new = _open_engine(old_dir, data, engine), _open_engine(new_dir, data, engine)
+    try:
+        if old.bundle is None or new.bundle is None:
+            raise InternalError("an engine just opened has no bundle")
+        inputs = generate_inputs(old.bundle.data, new.bundle.data)
+        report = diff_bundles(PolicyClient(old), PolicyClient(new), inputs, max_examples=examples)
+        revisions = {"old_revision": old.bundle_revision, "new_revision": new.bundle_revision}
+    finally:
+        old.close()
+        new.close()
+    if as_json:
+        click.echo(json.dumps({**revisions, **report.to_dict()}, indent=2))
+    else:
+        heading = f"old {revisions['old_revision']} -> new {revisions['new_revision']}"
+        _print_review(Console(highlight=False), report, heading)
+    _finish(report, fail_on_change)

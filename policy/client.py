@@ -38,6 +38,7 @@ from kvgov.exceptions import PolicyError
 from kvgov.policy.cache import CachedEngine, CacheStats
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import Decision, PolicyEngine
+from kvgov.policy.reference import ReferenceEngine
 from kvgov.schema import SCOPE_FIELDS
 
 __all__ = [
@@ -305,14 +306,19 @@ class PolicyClient:
         opa_token: str | None = None,
         opa_timeout: float = OPA_TIMEOUT_SECONDS,
     ) -> PolicyClient:
-        """Build a client over the embedded engine, an OPA server, or a given engine.
+        """Build a client over the embedded engine, OPA in-process, an OPA server, or an engine.
 
         Args:
-            policy_dir: bundle directory for the embedded engine (None: bundled).
-            policy_data: data deep-merged over data.json (embedded engine).
-            engine: ``"embedded"``, ``"opa-server"`` (needs ``opa_url``), or an engine.
+            policy_dir: bundle directory for the embedded or reference engine
+                (None: bundled).
+            policy_data: data deep-merged over data.json (embedded or reference engine).
+            engine: ``"embedded"`` (regorus, the default), ``"reference"`` (OPA itself,
+                in-process, about 120 µs per uncached decision: see
+                :mod:`kvgov.policy.reference`), ``"opa-server"`` (needs ``opa_url``),
+                or an engine.
             cache_size: decisions cached (0: none).
-            run_tests: run the bundle's tests before activating it (embedded).
+            run_tests: run the bundle's tests before activating it (embedded: on
+                regorus; reference: on OPA).
             opa_url: the OPA server URL, e.g. ``http://127.0.0.1:8181``.
             opa_token: bearer token for the OPA server.
             opa_timeout: seconds the OPA server has per decision.
@@ -321,13 +327,16 @@ class PolicyClient:
             The client.
 
         Raises:
-            PolicyLoadError: the bundle does not load (embedded engine).
-            PolicyTestFailure: a bundle test failed (embedded engine).
-            PolicyError: an unknown engine name, or ``opa-server`` without a URL.
+            PolicyLoadError: the bundle does not load (embedded or reference engine).
+            PolicyTestFailure: a bundle test failed (embedded or reference engine).
+            PolicyError: an unknown engine name, ``opa-server`` without a URL, or
+                ``reference`` without OPA's bindings installed.
         """
         inner: PolicyEngine
         if engine == "embedded":
             inner = EmbeddedEngine(policy_dir, policy_data, run_tests=run_tests)
+        elif engine == "reference":
+            inner = ReferenceEngine(policy_dir, policy_data, run_tests=run_tests)
         elif engine == "opa-server":
             if opa_url is None:
                 raise PolicyError("engine='opa-server' needs opa_url, e.g. http://127.0.0.1:8181")
@@ -335,7 +344,9 @@ class PolicyClient:
 
             inner = OpaServerEngine(opa_url, token=opa_token, timeout=opa_timeout)
         elif isinstance(engine, str):
-            raise PolicyError(f"unknown engine {engine!r}: use 'embedded' or 'opa-server'")
+            raise PolicyError(
+                f"unknown engine {engine!r}: use 'embedded', 'reference' or 'opa-server'"
+            )
         else:
             inner = engine
         return cls(inner, cache_size=cache_size)
@@ -447,7 +458,7 @@ class PolicyClient:
     def reload(
         self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None
     ) -> str:
-        """Reload the embedded engine's bundle atomically (see EmbeddedEngine.reload).
+        """Reload the in-process engine's bundle atomically (see EmbeddedEngine.reload).
 
         Args:
             policy_dir: new bundle directory; None keeps the current one.
@@ -462,7 +473,7 @@ class PolicyClient:
             PolicyError: the engine cannot reload (an OPA server reloads itself).
         """
         inner = self._cached.engine
-        if not isinstance(inner, EmbeddedEngine):
+        if not isinstance(inner, EmbeddedEngine | ReferenceEngine):
             raise PolicyError(
                 f"the {inner.name} engine cannot reload here; load bundles into the server"
             )

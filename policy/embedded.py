@@ -1,9 +1,12 @@
 """The embedded engine: evaluates the bundle in-process with regorus.
 
-Why regorus: no ``opa`` binary can be installed where kvgov runs; regorus (the
-Rust Rego interpreter, PyPI ``gordon-to-regorus``) evaluates the bundle and its
-tests as OPA does (tests/policy/test_conformance.py pins the Rego semantics the
-bundle relies on, so the engine can be swapped).
+Why regorus: it is the fastest in-process evaluator (about 40 µs a decision,
+against about 120 µs for OPA itself in-process, :mod:`kvgov.policy.reference`)
+and an ordinary PyPI dependency (``gordon-to-regorus``, the Rust Rego
+interpreter). It is held to OPA's semantics: tests/policy/test_conformance.py
+pins the Rego features the bundle relies on, the bundle's tests run on both
+engines, and tests/policy/test_differential.py requires both to give every rule
+the same answer on generated inputs.
 
 Threads: a ``regorus.Engine`` is a pyo3 ``unsendable`` object. Using one from a
 thread other than the one that created it panics, and dropping it there leaks it

@@ -1,8 +1,12 @@
-"""Running a bundle's Rego unit tests (``test_`` rules) in the embedded engine.
+"""Running a bundle's Rego unit tests (``test_`` rules) on either engine.
 
-Tests follow OPA's conventions so the same files pass ``opa test`` where OPA is
-installed: a test is a rule whose name starts with ``test_``, in any package of a
-``*_test.rego`` file, written at the start of a line (as ``opa fmt`` writes it). A
+:func:`run_bundle_tests` runs them on the embedded engine (regorus);
+:func:`kvgov.policy.reference.run_reference_tests` on OPA itself, with line
+coverage when asked; :func:`run_tests` loads a bundle and runs them on the one
+named. Tests follow OPA's conventions (the reference engine is the library ``opa
+test`` runs): a test is a rule whose name starts with ``test_``, in any package
+of a ``*_test.rego`` file, written at the start of a line (as OPA's formatter
+writes it). A
 test passes when it is defined and not ``false``; it fails when it is undefined
 (a condition did not hold), ``false``, or raises an error. Tests see the bundle's
 own data.json (never the caller's ``policy_data``), as ``opa test DIR`` does.
@@ -15,10 +19,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kvgov.exceptions import PolicyError
 from kvgov.policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
 
-__all__ = ["RegoTestReport", "RegoTestResult", "discover_tests", "run_bundle_tests", "run_tests"]
+if TYPE_CHECKING:
+    from kvgov.policy.reference import CoverageReport
+
+__all__ = [
+    "ENGINES",
+    "RegoTestReport",
+    "RegoTestResult",
+    "discover_tests",
+    "run_bundle_tests",
+    "run_tests",
+]
+
+#: The engines a bundle's tests run on: regorus in-process, and OPA itself.
+ENGINES = ("embedded", "reference")
 
 _PACKAGE = re.compile(r"^package\s+([A-Za-z_][\w.]*)", re.M)
 _TEST_RULE = re.compile(r"^(test_\w+)\b(?!\s*\()", re.M)
@@ -53,13 +72,18 @@ class RegoTestResult:
 
 @dataclass(frozen=True, slots=True)
 class RegoTestReport:
-    """Every test of one bundle run.
+    """Every test of one bundle run on one engine.
 
     Attributes:
         results: one per ``test_`` rule, in file then source order.
+        engine: the engine that ran them (``embedded`` or ``reference``).
+        coverage: line coverage of the policy modules by the tests (reference
+            engine, when asked for); None otherwise.
     """
 
     results: tuple[RegoTestResult, ...]
+    engine: str = "embedded"
+    coverage: CoverageReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -133,16 +157,32 @@ def run_bundle_tests(
     return RegoTestReport(results=tuple(results))
 
 
-def run_tests(policy_dir: str | Path | None = None) -> RegoTestReport:
-    """Load a bundle (without activating it) and run its tests.
+def run_tests(
+    policy_dir: str | Path | None = None, *, engine: str = "embedded", coverage: bool = False
+) -> RegoTestReport:
+    """Load a bundle (without activating it) and run its tests on one engine.
 
     Args:
         policy_dir: the bundle directory; None for the bundled policy.
+        engine: ``"embedded"`` (regorus) or ``"reference"`` (OPA).
+        coverage: collect line coverage (reference engine only).
 
     Returns:
         The report.
 
     Raises:
         PolicyLoadError: the bundle does not load (syntax, compile or data error).
+        PolicyError: an unknown engine, coverage asked of the embedded engine, or
+            the reference engine's bindings are not installed.
     """
-    return run_bundle_tests(load_bundle(policy_dir, run_tests=False))
+    if engine not in ENGINES:
+        raise PolicyError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    bundle = load_bundle(policy_dir, run_tests=False)
+    if engine == "embedded":
+        if coverage:
+            raise PolicyError("coverage comes from the reference engine: use engine='reference'")
+        return run_bundle_tests(bundle)
+    # Imported here: the reference engine builds on this module.
+    from kvgov.policy.reference import run_reference_tests
+
+    return run_reference_tests(bundle, coverage=coverage)

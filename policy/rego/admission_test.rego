@@ -108,6 +108,53 @@ test_tenant_max_tokens if {
 		with data.kvgov.config.tenants as {"acme": {"max_tokens": 4096}}
 }
 
+# OPA issue #1877: OPA rewrote the old `not n > t.max_tokens` so that it was
+# undefined for a tenant without a max_tokens override, and every such request
+# failed closed; test_internal_scope_is_admitted_and_cached failed on OPA then.
+test_tenant_without_overrides_is_admitted_under_the_default_limit if {
+	d := admission.decision with input as request with data.kvgov.config.tenants as {}
+	d.allow
+}
+
+test_default_max_tokens_bounds_every_tenant if {
+	data.kvgov.config.max_tokens == 262144
+	admission.decision.allow with input as object.union(request, {"tokens": 262144})
+	d := admission.decision with input as object.union(request, {"tokens": 262145})
+	not d.allow
+	d.reason == "262145 tokens exceed tenant acme's max_tokens 262144"
+}
+
+test_tenant_max_tokens_replaces_the_default if {
+	admission.decision.allow with input as object.union(request, {"tokens": 500000})
+		with data.kvgov.config.tenants as {"acme": {"max_tokens": 1000000}}
+	not admission.decision.allow with input as object.union(request, {"tokens": 500000})
+		with data.kvgov.config.tenants as {"globex": {"max_tokens": 1000000}}
+}
+
+test_unusable_max_tokens_denies if {
+	every limit in ["lots", -1, null, true, {}] {
+		d := admission.decision with input as request
+			with data.kvgov.config.tenants as {"acme": {"max_tokens": limit}}
+		not d.allow
+		d.reason == "max_tokens for tenant acme is not a non-negative number"
+	}
+}
+
+test_no_limit_configured_denies if {
+	d := admission.decision with input as request with data.kvgov.config.max_tokens as null
+	not d.allow
+	d.reason == "max_tokens for tenant acme is not a non-negative number"
+}
+
+test_tokens_beyond_exact_json_integers_are_invalid if {
+	admission.decision.allow with input as object.union(request, {"tokens": 9007199254740991})
+		with data.kvgov.config.max_tokens as 9007199254740991
+	d := admission.decision with input as object.union(request, {"tokens": 9007199254740992})
+		with data.kvgov.config.max_tokens as 9007199254740991
+	not d.allow
+	d.reason == "tokens must be a non-negative integer"
+}
+
 test_decision_always_has_all_fields if {
 	every i in [request, {}, {"scope": "x"}] {
 		d := admission.decision with input as i
@@ -129,7 +176,11 @@ requests := [
 	{},
 ]
 
-tenant_overrides := [{}, {"acme": {"admission": false, "cache": false, "max_tokens": 64}}]
+tenant_overrides := [
+	{},
+	{"acme": {"admission": false, "cache": false, "max_tokens": 64}},
+	{"acme": {"max_tokens": "lots"}},
+]
 
 test_allowed_exactly_when_nothing_is_denied if {
 	every tenants in tenant_overrides {

@@ -34,7 +34,10 @@ deny contains msg if {
 	msg := sprintf("offload disabled for tenant %v", [input.scope.tenant])
 }
 
+# Only for a valid scope (an invalid one is denied above): the reason names the
+# label, and sprintf writes a number differently on OPA and regorus.
 deny contains msg if {
+	scope_valid
 	valid_tier
 	input.scope.classification != "restricted"
 	not input.tier in allowed_tiers

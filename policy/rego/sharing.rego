@@ -85,7 +85,12 @@ deny contains msg if {
 	msg := sprintf("scopes differ in %v", [concat(", ", sort(mismatched))])
 }
 
+# The cross-tenant denials name tenants and labels, so they are given only for
+# valid scopes (an invalid one is denied above): sprintf writes a number that is
+# not a valid field differently on OPA and regorus (1e-07 / 0.0000001).
 deny contains msg if {
+	requester_valid
+	owner_valid
 	cross_tenant
 	input.owner.classification != shareable_classification
 	msg := sprintf(
@@ -95,6 +100,8 @@ deny contains msg if {
 }
 
 deny contains msg if {
+	requester_valid
+	owner_valid
 	cross_tenant
 	count(granting) == 0
 	msg := sprintf(

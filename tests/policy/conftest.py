@@ -1,7 +1,9 @@
-"""Fixtures of the policy tests: a scope, a bundle copy to break, a fake OPA server."""
+"""Fixtures of the policy tests: a scope, a bundle copy to break, a fake OPA server,
+the reference engine (OPA itself)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +13,16 @@ import pytest
 
 from kvgov.policy.bundle import BUNDLE_DIR
 from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.reference import INSTALL_COMMAND, ReferenceEngine, reference_available
 from tests.policy.opa_fake import FakeOpa
 from tests.policy.samples import SCOPE
+
+#: Tests that need OPA's bindings skip where they are not installed, printing how to
+#: install them; under ``CI=true`` they run (and fail): ``make install`` installs them.
+needs_reference = pytest.mark.skipif(
+    not reference_available() and not os.environ.get("CI"),
+    reason=f"OPA's bindings are not installed ({INSTALL_COMMAND}; make install does)",
+)
 
 
 @pytest.fixture()
@@ -36,8 +46,18 @@ def bundle_copy(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def fake_opa(embedded: EmbeddedEngine) -> Iterator[FakeOpa]:
-    """A local OPA-like server answering from the embedded engine."""
-    server = FakeOpa(embedded)
+def fake_opa(reference: ReferenceEngine) -> Iterator[FakeOpa]:
+    """A local OPA-like server answering from the reference engine (OPA itself)."""
+    server = FakeOpa(reference)
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def reference() -> Iterator[ReferenceEngine]:
+    """One reference engine (OPA) over the bundled policy (its tests are run by test_reference)."""
+    if not reference_available() and not os.environ.get("CI"):
+        pytest.skip(f"OPA's bindings are not installed ({INSTALL_COMMAND})")
+    engine = ReferenceEngine(run_tests=False)
+    yield engine
+    engine.close()

@@ -1,9 +1,11 @@
 """A local stand-in for an OPA server, speaking OPA's REST data API on 127.0.0.1.
 
-Answers come from the embedded engine, so they are real decisions of the bundle.
-They are computed on one worker thread owned by the server (regorus engines are
-bound to their thread; handler threads may outlive a test on keep-alive
-connections, and an engine must not be dropped on another thread).
+Answers come from the engine it is given: in the tests, the reference engine
+(OPA v1.20.2 itself, in-process, :mod:`kvgov.policy.reference`), so the OPA
+server engine is tested against OPA's semantics, not regorus's; the embedded
+engine works too. They are computed on one worker thread owned by the server (a
+regorus engine is bound to its thread; handler threads may outlive a test on
+keep-alive connections, and an engine must not be dropped on another thread).
 ``mode`` makes it misbehave: ``"slow"`` (sleeps ``delay`` seconds first),
 ``"error500"``, ``"garbage"`` (a body that is not JSON), ``"undefined"`` (200 with
 no ``result``), ``"list"`` (a JSON body that is not an object). Used by the tests
@@ -20,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.reference import ReferenceEngine
 
 # The misbehaving modes that answer a decision with a fixed (status, body).
 _CANNED: dict[str, tuple[int, bytes]] = {
@@ -34,14 +37,18 @@ class FakeOpa:
     """An OPA-like HTTP server in a background thread (ephemeral port).
 
     Args:
-        engine: the embedded engine answering decisions.
+        engine: the in-process engine answering decisions (the reference engine in
+            the tests).
         revision: the bundle revision served at /v1/data/system/bundles; None
             serves no bundles (then the policies are listed at /v1/policies).
         token: when set, requests without ``Authorization: Bearer <token>`` get 401.
     """
 
     def __init__(
-        self, engine: EmbeddedEngine, revision: str | None = "r1", token: str | None = None
+        self,
+        engine: EmbeddedEngine | ReferenceEngine,
+        revision: str | None = "r1",
+        token: str | None = None,
     ) -> None:
         self.engine = engine
         self.revision = revision

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_policy_quick_prints_results() -> None:
-    """`bench_policy.py --quick` exits 0 and prints the three headline RESULT lines."""
+    """`bench_policy.py --quick` exits 0 and prints the headline RESULT lines."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_policy.py"), "--quick"],
         capture_output=True,
@@ -19,5 +19,10 @@ def test_bench_policy_quick_prints_results() -> None:
         timeout=240,
         check=True,
     ).stdout
-    for name in ("policy_cached_us", "policy_embedded_us", "policy_opa_loopback_us"):
+    for name in (
+        "policy_cached_us",
+        "policy_embedded_us",
+        "policy_reference_us",
+        "policy_opa_loopback_us",
+    ):
         assert f"RESULT {name}=" in out

@@ -1,14 +1,16 @@
-"""`kvgov policy test` and `kvgov policy eval`."""
+"""`kvgov policy test` (both engines, coverage) and `kvgov policy eval`."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner
 
 from kvgov.policy.cli import policy_group
+from tests.policy.conftest import needs_reference
 
 
 def test_policy_group_is_a_click_group() -> None:
@@ -16,7 +18,7 @@ def test_policy_group_is_a_click_group() -> None:
     import click
 
     assert isinstance(policy_group, click.Group)
-    assert set(policy_group.commands) == {"test", "eval"}
+    assert set(policy_group.commands) == {"test", "eval", "diff", "replay"}
 
 
 def test_test_passes_on_the_bundled_policy() -> None:
@@ -45,6 +47,50 @@ def test_test_reports_a_syntax_error(bundle_copy: Path) -> None:
     result = CliRunner().invoke(policy_group, ["test", str(bundle_copy)])
     assert result.exit_code == 2
     assert "bad.rego" in result.output
+
+
+@needs_reference
+def test_test_runs_on_both_engines() -> None:
+    """`policy test --engine both` runs the tests on regorus and on OPA and reports each."""
+    result = CliRunner().invoke(policy_group, ["test", "-q", "--engine", "both"])
+    assert result.exit_code == 0, result.output
+    assert "0 failed on the embedded engine" in result.output
+    assert "0 failed on the reference engine" in result.output
+
+
+@needs_reference
+def test_an_opa_only_defect_fails_on_the_reference_engine(bundle_copy: Path) -> None:
+    """The OPA #1877 defect put back (`not n > t.max_tokens` added to the hot path):
+    regorus passes the bundle, OPA fails it, and `policy test --engine reference` exits 1."""
+    f = bundle_copy / "admission.rego"
+    source = f.read_text()
+    limit = (
+        '\tlimit := object.get(t, "max_tokens", data.kvgov.config.max_tokens)\n'
+        "\tis_number(limit)\n\tn <= limit\n"
+    )
+    assert limit in source
+    f.write_text(source.replace(limit, limit + "\tnot n > t.max_tokens\n"))
+    embedded = CliRunner().invoke(policy_group, ["test", "-q", str(bundle_copy)])
+    assert embedded.exit_code == 0, embedded.output
+    reference = CliRunner().invoke(
+        policy_group, ["test", "-q", "--engine", "reference", str(bundle_copy)]
+    )
+    assert reference.exit_code == 1
+    failed = re.search(r"(\d+) failed on the reference engine", reference.output)
+    assert failed is not None and int(failed.group(1)) >= 10  # 13 when written
+
+
+@needs_reference
+def test_coverage_is_printed_and_its_floor_enforced(bundle_copy: Path) -> None:
+    """--coverage prints each module's coverage (OPA runs too); --min-coverage fails a
+    bundle whose tests leave too much uncovered."""
+    result = CliRunner().invoke(policy_group, ["test", "-q", "--coverage"])
+    assert result.exit_code == 0, result.output
+    assert "sharing.rego" in result.output and "coverage: " in result.output
+    (bundle_copy / "sharing_test.rego").unlink()
+    low = CliRunner().invoke(policy_group, ["test", "-q", "--min-coverage", "90", str(bundle_copy)])
+    assert low.exit_code == 1
+    assert "coverage is below 90%" in low.output
 
 
 def test_eval_inline_json(scope: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The OPA server engine against a local HTTP server speaking OPA's data API."""
+"""The OPA server engine against a local HTTP server speaking OPA's data API, answering
+with OPA itself (the reference engine)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kvgov.policy.client import PolicyClient
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import PolicyEngine
 from kvgov.policy.opa_server import OpaServerEngine
+from kvgov.policy.reference import ReferenceEngine
 from tests.policy.opa_fake import FakeOpa
 
 ADMISSION = "kvgov/admission/decision"
@@ -28,10 +30,10 @@ def test_is_a_policy_engine(fake_opa: FakeOpa) -> None:
     e.close()
 
 
-def test_answers_match_the_embedded_engine(
-    fake_opa: FakeOpa, embedded: EmbeddedEngine, scope: dict[str, Any]
+def test_answers_match_both_in_process_engines(
+    fake_opa: FakeOpa, embedded: EmbeddedEngine, reference: ReferenceEngine, scope: dict[str, Any]
 ) -> None:
-    """Decisions through OPA's REST API equal the embedded engine's."""
+    """Decisions through OPA's REST API equal OPA's in-process ones, and the embedded engine's."""
     e = OpaServerEngine(fake_opa.url)
     for path, inp in [
         (ADMISSION, request(scope)),
@@ -41,6 +43,7 @@ def test_answers_match_the_embedded_engine(
     ]:
         d = e.evaluate(path, inp)
         assert d.error is None and d.engine == "opa-server"
+        assert d.result == reference.evaluate(path, inp).result
         assert d.result == embedded.evaluate(path, inp).result
     e.close()
 
@@ -134,9 +137,9 @@ def test_unreachable_server_denies(scope: dict[str, Any]) -> None:
     assert not d.allow and d.error is not None and "unreachable" in d.error
 
 
-def test_token_is_sent(embedded: EmbeddedEngine, scope: dict[str, Any]) -> None:
+def test_token_is_sent(reference: ReferenceEngine, scope: dict[str, Any]) -> None:
     """The bearer token authorises requests; without it OPA's 401 denies."""
-    server = FakeOpa(embedded, token="s3cret")
+    server = FakeOpa(reference, token="s3cret")
     try:
         ok = OpaServerEngine(server.url, token="s3cret").evaluate(ADMISSION, request(scope))
         assert ok.allow and ok.error is None
