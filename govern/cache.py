@@ -33,7 +33,6 @@ from kvgov.allocator import BlockPool, KVSpec
 from kvgov.audit import AuditLog, EventType
 from kvgov.exceptions import (
     DuplicateSequence,
-    InvalidArgument,
     UnknownSequence,
 )
 from kvgov.policy import PolicyClient
@@ -43,23 +42,26 @@ from .assemble import open_parts
 from .governor import Governor
 from .keys import KeyDeriver, pack_tokens
 from .logs import get_logger
-from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
+from .maintenance import CacheMaintenance
+from .results import Admission, ReconcileReport
 from .scope import CacheScope
 from .sequence import LiveSeq, check_admission, check_live_ids, check_seq_id
 from .stats import CacheStats
-from .sweeper import Sweeper, check_interval
+from .sweeper import Sweeper
 
 __all__ = ["GovernedKVCache"]
 
 _log = get_logger()
 
 
-class GovernedKVCache:
+class GovernedKVCache(CacheMaintenance):
     """A paged KV cache where every reuse is scoped, policy-decided and audited.
 
     The governance (and its invariants) is the :class:`~kvgov.govern.governor.Governor`'s;
     this class adds kvgov's own block pool (see :class:`kvgov.allocator.BlockPool`)
-    and the block tables of live sequences.
+    and the block tables of live sequences. Its retention and erasure methods
+    (``sweep``, ``start_sweeper``, ``purge_tenant``, ``invalidate``,
+    ``rotate_secret``) are in :mod:`kvgov.govern.maintenance`.
 
     Thread safety: every public method takes the governor's re-entrant lock.
 
@@ -412,109 +414,6 @@ class GovernedKVCache:
             UnknownBlock: no such block.
         """
         return self._pool.block(block_id)
-
-    # ------------------------------------------------------------------ retention and erasure
-
-    def sweep(self) -> int:
-        """Evict and zeroize every cached block past its retention deadline.
-
-        Returns:
-            How many blocks expired.
-        """
-        return erasure.sweep(self._gov)
-
-    def start_sweeper(self, interval: float) -> None:
-        """Run :meth:`sweep` every ``interval`` seconds on a daemon thread until :meth:`close`.
-
-        Args:
-            interval: seconds between sweeps (> 0).
-
-        Raises:
-            InvalidArgument: interval not a finite number of at least 0.01 seconds
-                (``defaults.MIN_SWEEP_INTERVAL``), or a sweeper already runs.
-        """
-        interval = check_interval(interval)
-        with self._gov.lock:
-            self._gov.check_open()
-            if self._sweeper is not None:
-                raise InvalidArgument("interval", interval, "a sweeper already runs")
-            self._sweeper = Sweeper(self, interval)
-            self._sweeper.start()
-
-    def purge_tenant(self, tenant: str) -> ErasureReport:
-        """Erase a tenant from the cache (right to be forgotten).
-
-        Every cached block the tenant wrote (including blocks it published to
-        share groups) is evicted and zeroized now and read back to check it is
-        zero; blocks still held by running sequences become unreachable by key
-        and are zeroized at release; the tenant's running sequences will cache
-        nothing. New admissions for the tenant are refused while this runs. The
-        erasure event is written synchronously before this returns.
-
-        Args:
-            tenant: the tenant.
-
-        Returns:
-            The erasure evidence.
-
-        Raises:
-            InvalidScope: tenant is not a valid identifier.
-            AuditUnavailable: the erasure could not be audited (the blocks are
-                zeroized all the same).
-        """
-        return erasure.purge_tenant(self._gov, tenant, self._seqs.values())
-
-    def invalidate(
-        self,
-        *,
-        model: str | None = None,
-        model_revision: str | None = None,
-        adapter: str | None = None,
-        adapter_revision: str | None = None,
-        tokenizer: str | None = None,
-        tokenizer_revision: str | None = None,
-        template_version: str | None = None,
-    ) -> InvalidationReport:
-        """Drop every block keyed under a scope matching all the given fields.
-
-        Run it after a weight, adapter, tokenizer or template update. Fields left
-        None match anything; at least one must be given.
-
-        Returns:
-            What was dropped.
-
-        Raises:
-            InvalidArgument: no field given, or a value that is not a non-empty string.
-        """
-        given = (
-            model,
-            model_revision,
-            adapter,
-            adapter_revision,
-            tokenizer,
-            tokenizer_revision,
-            template_version,
-        )
-        wanted = {k: v for k, v in zip(erasure.SCOPE_FILTERS, given, strict=True) if v is not None}
-        return erasure.invalidate(self._gov, wanted, self._seqs.values())
-
-    def rotate_secret(self, new_secret: bytes) -> int:
-        """Switch to a new cache-key secret; every old key becomes unreachable.
-
-        Cached blocks keyed with the old secret are evicted and zeroized; blocks
-        of running sequences are unindexed and zeroized at release, and those
-        sequences cache nothing more (their chains were derived with the old secret).
-
-        Args:
-            new_secret: at least 32 bytes.
-
-        Returns:
-            Blocks evicted and zeroized now.
-
-        Raises:
-            KeySecretError: the new secret is too short (nothing changed).
-        """
-        return erasure.rotate_secret(self._gov, new_secret, self._seqs.values())
 
     # ------------------------------------------------------------------ observation and life
 
