@@ -43,6 +43,8 @@ from .governor import Governor
 from .keys import KeyDeriver, pack_tokens
 from .logs import get_logger
 from .maintenance import CacheMaintenance
+from .offload_config import OffloadConfig
+from .offloading import Offloading
 from .results import Admission, ReconcileReport
 from .scope import CacheScope
 from .sequence import LiveSeq, check_admission, check_live_ids, check_seq_id
@@ -74,6 +76,8 @@ class GovernedKVCache(CacheMaintenance):
         audit: the audit log.
         deriver: the key deriver holding the secret.
         clock: seconds since the epoch; retention and audit times read it.
+        offload: encrypted offload tiers, attached here to the governor and the pool;
+            None for none (no offload work at all).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class GovernedKVCache(CacheMaintenance):
         audit: AuditLog,
         deriver: KeyDeriver,
         clock: Callable[[], float] = time.time,
+        offload: Offloading | None = None,
     ) -> None:
         self._pool = pool
         self._gov = Governor(
@@ -94,6 +99,8 @@ class GovernedKVCache(CacheMaintenance):
             block_size=pool.spec.block_size,
             clock=clock,
         )
+        if offload is not None:
+            offload.attach(self._gov, pool)
         self._block_size = pool.spec.block_size
         self._seqs: dict[str, LiveSeq] = {}
         self._orphans_recovered = 0
@@ -117,6 +124,7 @@ class GovernedKVCache(CacheMaintenance):
         *,
         policy_engine: Any = "embedded",
         verify_zeroization: bool = False,
+        offload: OffloadConfig | None = None,
     ) -> GovernedKVCache:
         """Build a governed cache on the embedded defaults (or the parts named).
 
@@ -138,6 +146,9 @@ class GovernedKVCache(CacheMaintenance):
                 (e.g. an ``OpaServerEngine``).
             verify_zeroization: read back every zeroized block range and raise
                 :class:`kvgov.exceptions.ZeroizationError` if any byte is left.
+            offload: encrypted offload tiers (host memory, disk, Redis) that keep
+                capacity-evicted blocks for later admissions: see
+                :class:`~kvgov.govern.OffloadConfig` and docs/offload.md. None: none.
 
         Returns:
             The cache; use it as a context manager or call :meth:`close`.
@@ -147,6 +158,8 @@ class GovernedKVCache(CacheMaintenance):
             PolicyLoadError: the policy bundle does not load or its tests fail.
             AuditSchemaError: the audit database needs ``kvgov db upgrade``.
             InvalidSpec: nonsense sizes.
+            KEKError: ``offload`` is given without a usable key-encryption key.
+            InvalidArgument: a bad ``offload`` configuration (a tier URL, say).
         """
         parts = open_parts(
             policy_dir=policy_dir,
@@ -157,6 +170,7 @@ class GovernedKVCache(CacheMaintenance):
             clock=clock,
             worker_id=worker_id,
             policy_engine=policy_engine,
+            offload=offload,
         )
         try:
             pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization)
@@ -164,7 +178,12 @@ class GovernedKVCache(CacheMaintenance):
             parts.close()
             raise
         return cls(
-            pool=pool, policy=parts.policy, audit=parts.audit, deriver=parts.deriver, clock=clock
+            pool=pool,
+            policy=parts.policy,
+            audit=parts.audit,
+            deriver=parts.deriver,
+            clock=clock,
+            offload=parts.offload,
         )
 
     # ------------------------------------------------------------------ properties
@@ -227,7 +246,8 @@ class GovernedKVCache(CacheMaintenance):
                 own namespace.
 
         Returns:
-            The block table and how many leading tokens are already cached.
+            The block table and how many leading tokens are already cached: found
+            on the device, or restored from an offload tier into new blocks.
 
         Raises:
             InvalidArgument: bad seq_id or priority.
@@ -265,6 +285,9 @@ class GovernedKVCache(CacheMaintenance):
             block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
             cached_tokens = len(hit_ids) * self._block_size
             try:
+                if gov.offload is not None:  # what the device missed, from the tiers
+                    restored = gov.offload.restore(view, plan, block_ids, len(hit_ids), seq_id)
+                    cached_tokens += restored * self._block_size
                 gov.key_admitted(scope, block_ids, len(hit_ids), plan, adm.priority)
                 gov.record_admission(view, seq_id, block_ids, plan, adm, priority, cached_tokens)
             except BaseException:

@@ -33,8 +33,10 @@ class CacheMaintenance:
     def sweep(self) -> int:
         """Evict and zeroize every cached block past its retention deadline.
 
+        Offload tiers are swept too: objects past their deadline are deleted.
+
         Returns:
-            How many blocks expired.
+            How many device blocks expired.
         """
         return erasure.sweep(self._gov)
 
@@ -63,8 +65,12 @@ class CacheMaintenance:
         share groups) is evicted and zeroized now and read back to check it is
         zero; blocks still held by running sequences become unreachable by key
         and are zeroized at release; the tenant's running sequences will cache
-        nothing. New admissions for the tenant are refused while this runs. The
-        erasure event is written synchronously before this returns.
+        nothing. New admissions for the tenant are refused while this runs. With
+        offload tiers, the tenant is crypto-shredded: its data key is destroyed
+        first (every copy in every tier is unreadable from then on), then its
+        objects are deleted; the report and the erasure event name the destroyed
+        key ids and the deletions per tier. The erasure event is written
+        synchronously before this returns.
 
         Args:
             tenant: the tenant.
@@ -74,6 +80,9 @@ class CacheMaintenance:
 
         Raises:
             InvalidScope: tenant is not a valid identifier.
+            KeyStoreUnavailable: the tenant's offload data key could not be
+                destroyed (the device blocks are zeroized, the attempt is audited);
+                call it again once the key store is back.
             AuditUnavailable: the erasure could not be audited (the blocks are
                 zeroized all the same).
         """
@@ -93,7 +102,8 @@ class CacheMaintenance:
         """Drop every block keyed under a scope matching all the given fields.
 
         Run it after a weight, adapter, tokenizer or template update. Fields left
-        None match anything; at least one must be given.
+        None match anything; at least one must be given. Offload tiers lose the
+        objects of every matching scope this worker knows (see docs/offload.md).
 
         Returns:
             What was dropped.
@@ -119,6 +129,7 @@ class CacheMaintenance:
         Cached blocks keyed with the old secret are evicted and zeroized; blocks
         of running sequences are unindexed and zeroized at release, and those
         sequences cache nothing more (their chains were derived with the old secret).
+        Every object of the offload tiers is deleted.
 
         Args:
             new_secret: at least 32 bytes.
