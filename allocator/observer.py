@@ -43,7 +43,7 @@ class EvictedBlocks:
             ``"invalidated"``, ``"secret_rotated"``, or a caller's reason).
     """
 
-    __slots__ = ("_tensor", "block_ids", "keys", "reason")
+    __slots__ = ("_bytes", "_tensor", "block_ids", "keys", "reason")
 
     def __init__(
         self,
@@ -56,6 +56,8 @@ class EvictedBlocks:
         self.keys = keys
         self.reason = reason
         self._tensor = tensor
+        # the pool's bytes as one flat view, made on first use (host memory only)
+        self._bytes: memoryview | None = None
 
     def view(self, block_id: int) -> torch.Tensor:
         """The bytes of one evicted block (a view into the pool, valid during the call only).
@@ -67,6 +69,28 @@ class EvictedBlocks:
             ``[num_layers, 2, block_size, num_kv_heads, head_dim]``, contiguous.
         """
         return self._tensor[block_id]
+
+    def payload(self, block_id: int) -> memoryview | torch.Tensor:
+        """The bytes of one evicted block, the cheapest way to read them for a copy.
+
+        Where the pool lives in host memory this is a zero-copy, read-only byte view
+        (no tensor is made per block: the pool's bytes are viewed once per batch);
+        on a GPU it is :meth:`view`, which the reader copies to the host. Valid
+        during the call only, as :meth:`view`.
+
+        Args:
+            block_id: one of :attr:`block_ids`.
+        """
+        tensor = self._tensor
+        if tensor.device.type != "cpu":
+            return tensor[block_id]
+        flat = self._bytes
+        if flat is None:
+            raw = tensor.view(-1).view(torch.uint8).numpy()
+            flat = memoryview(raw).toreadonly()  # type: ignore[arg-type]
+            self._bytes = flat
+        n = len(flat) // tensor.shape[0]
+        return flat[block_id * n : (block_id + 1) * n]
 
 
 #: Called by the pool with each batch of evicted blocks, before they are zeroized. It

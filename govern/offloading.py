@@ -154,7 +154,7 @@ class Offloading:
                     self._not_offloaded["no_deadline"] += 1
                     continue
                 result = self.store.offload(
-                    key_of[b], view.digest, owner.tenant, deadline, evicted.view(b), tiers=tiers
+                    key_of[b], view.digest, owner.tenant, deadline, evicted.payload(b), tiers=tiers
                 )
                 key_id = result.key_id or key_id
                 for put in result.puts:

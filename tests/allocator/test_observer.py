@@ -98,3 +98,24 @@ def test_a_non_callable_observer_is_refused() -> None:
     """Only a callable or None is accepted."""
     with pytest.raises(InvalidSpec, match="callable"):
         make_pool(2).set_eviction_observer("offload")  # type: ignore[arg-type]
+
+
+def test_payload_is_the_blocks_bytes_without_a_copy() -> None:
+    """On a host pool, payload(b) is a read-only byte view of exactly block b's bytes."""
+    pool = make_pool(4)
+    got: list[bytes] = []
+
+    def keep(evicted: EvictedBlocks) -> None:
+        for b in evicted.block_ids:
+            view = evicted.payload(b)
+            assert isinstance(view, memoryview) and view.readonly
+            assert bytes(view) == evicted.view(b).contiguous().view(torch.uint8).numpy().tobytes()
+            got.append(bytes(view))
+
+    pool.set_eviction_observer(keep)
+    ids = _cached(pool, 4)
+    for i, b in enumerate(ids):
+        pool.block(b).fill_(float(i + 1))
+    pool.allocate(4)
+    assert len(got) == 4 and len(set(got)) == 4
+    assert all(len(g) == pool.bytes_per_block for g in got)
