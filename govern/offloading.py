@@ -241,7 +241,8 @@ class Offloading:
         restored: dict[tuple[str, CacheScope], tuple[ScopeView, list[int], set[str]]] = {}
         i = first
         while i < end:
-            owner = plan.prefix_view if i < plan.prefix_blocks and plan.prefix_view else view
+            prefix = plan.prefix_view
+            owner = prefix if i < plan.prefix_blocks and prefix is not None else view
             b = block_ids[i]
             try:
                 got = self.store.restore(plan.keys[i], owner.digest, tenant, into=pool.block(b))
