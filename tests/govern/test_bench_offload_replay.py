@@ -10,9 +10,9 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_offload_repl
 
 
 def test_a_short_replay_prints_both_runs_and_the_ideal() -> None:
-    """120 requests: the host tier avoids more prefill than the device alone, never above ideal."""
+    """200 requests: the host tier avoids more prefill than the device alone, never above ideal."""
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--requests", "120"],
+        [sys.executable, str(BENCH), "--requests", "200"],
         capture_output=True,
         text=True,
         timeout=240,
