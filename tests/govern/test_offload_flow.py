@@ -327,3 +327,18 @@ def test_offload_counters_are_per_tenant_and_in_the_total(make_offload_cache: Fa
     stats = cache.stats()
     assert stats.total.blocks_offloaded == 6 and stats.total.blocks_restored == 3
     assert stats.tenants[FILLER].blocks_offloaded == 0
+
+
+@pytest.mark.gpu
+def test_the_flow_on_a_gpu(make_offload_cache: Factory) -> None:
+    """On CUDA an evicted block is copied to the host to be sealed, and restored through a
+    pinned staging buffer into the new device block, byte for byte."""
+    cache = make_offload_cache(device="cuda")
+    scope = make_scope()
+    kv = _write(cache, "a", scope, PROMPT)
+    push_out(cache)
+    adm = cache.admit("b", scope, PROMPT)
+    assert adm.cached_tokens == 12
+    for b, want in zip(adm.block_ids[:3], kv, strict=True):
+        assert torch.equal(cache.block(b), want)
+    cache.pool._check_invariants(check_zero=True)
