@@ -15,6 +15,7 @@ from kvgov.allocator.events import (
 )
 from kvgov.allocator.eviction import EvictionQueue
 from kvgov.allocator.metadata import BlockState
+from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
 from kvgov.allocator.pool import BlockPool, PoolCounts, Revoked
 from kvgov.allocator.sizing import (
     Capacity,
@@ -35,6 +36,8 @@ __all__ = [
     "BlocksKeyed",
     "BlocksZeroized",
     "Capacity",
+    "EvictedBlocks",
+    "EvictionObserver",
     "EvictionQueue",
     "KVSpec",
     "PoolCounts",

@@ -55,9 +55,10 @@ class BlockPool(PoolErasure):
     or the caller's ``evict`` / ``revoke``)-> DIRTY; DIRTY -zeroize-> FREE.
     Zeroization is eager: a block is zeroized in the same call that makes it
     DIRTY, batched per call (sorted, adjacent ids coalesced, one ``zero_()`` per
-    run), so freed KV bytes do not linger. It stays DIRTY, never handed out,
-    only if zeroization failed (:class:`~kvgov.exceptions.ZeroizationError`);
-    ``zeroize(ids)`` retries.
+    run), so freed KV bytes do not linger; an eviction observer
+    (:meth:`set_eviction_observer`) sees evicted blocks' bytes just before. A
+    block stays DIRTY, never handed out, only if zeroization failed
+    (:class:`~kvgov.exceptions.ZeroizationError`); ``zeroize(ids)`` retries.
 
     Data structures (all O(1) per block, no per-block Python object on any hot path):
 
@@ -122,6 +123,9 @@ class BlockPool(PoolErasure):
             OutOfBlocks: fewer than ``n`` blocks are FREE or CACHED.
             ZeroizationError: an evicted block failed verification (it stays DIRTY).
             PoolClosed: the pool was closed.
+
+        An eviction observer that raises makes this raise its error, with the
+        evicted blocks zeroized and FREE and nothing allocated.
         """
         with self._lock:
             if self._closed:

@@ -220,3 +220,4 @@ class PoolErasure(PoolState):
         self._index = {}
         self._dirty = 0
         self._detached = set()
+        self._observer = None

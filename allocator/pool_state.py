@@ -25,6 +25,7 @@ from kvgov.allocator.metadata import (
     BlockTable,
     state_of,
 )
+from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
 from kvgov.allocator.spec import KVSpec, positive_int
 from kvgov.allocator.zeroize import coalesce_runs, make_zeroizer
 from kvgov.defaults import MAX_PRIORITY
@@ -135,6 +136,8 @@ class PoolState:
         # their last free. A set, because it is almost always empty.
         self._detached: set[int] = set()
         self._events: list[PoolEvent] = []
+        # Shown each batch of evicted blocks before it is zeroized (offload); usually None.
+        self._observer: EvictionObserver | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -201,6 +204,22 @@ class PoolState:
                     "layer", layer, f"must be an int in 0..{self._spec.num_layers - 1}"
                 )
             return self._tensor[:, layer]
+
+    def set_eviction_observer(self, observer: EvictionObserver | None) -> None:
+        """Show every batch of evicted blocks to ``observer`` before zeroizing it.
+
+        See :mod:`kvgov.allocator.observer`. One observer at a time; None removes it.
+
+        Args:
+            observer: called with :class:`~kvgov.allocator.observer.EvictedBlocks`, or None.
+
+        Raises:
+            InvalidSpec: ``observer`` is neither callable nor None.
+        """
+        if observer is not None and not callable(observer):
+            raise InvalidSpec("observer", observer, "must be callable or None")
+        with self._lock:
+            self._observer = observer
 
     # ------------------------------------------------------------------ introspection
 
@@ -395,6 +414,13 @@ class PoolState:
             keys[b] = None
             count[b] = FREE_CODE  # see _zeroize
         self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))
+        observer = self._observer
+        if observer is not None:
+            try:
+                observer(EvictedBlocks(tuple(blocks), tuple(dropped), reason, self._tensor))
+            except BaseException:
+                self._zeroize(blocks)  # pushed: a failed observer leaves them FREE, never lost
+                raise
         return self._zeroize(blocks, push=push)
 
     def _zeroize(self, blocks: list[int], *, push: bool = True) -> list[int]:

@@ -80,6 +80,13 @@ class EventType(StrEnum):
     #: memory, naming ``last_stored_seq``; ``quarantined`` when the database refused
     #: records, naming their ``seqs`` and the quarantine file).
     AUDIT_GAP = "audit_gap"
+    #: Evicted blocks sealed under their tenant's data key and stored in an offload tier.
+    OFFLOAD = "offload"
+    #: Blocks restored from an offload tier into the device cache (owner, requester, tier).
+    OFFLOAD_RESTORE = "offload_restore"
+    #: An offloaded object refused on restore (tampered, truncated, misbound, replayed,
+    #: shredded key); the restore treated it as a miss.
+    OFFLOAD_REFUSED = "offload_refused"
 
 
 #: Security-critical event types: ``AuditLog.record`` writes them (database or spool)
@@ -92,6 +99,7 @@ CRITICAL_EVENT_TYPES: Final[frozenset[str]] = frozenset(
         EventType.SHARE_DENIED,
         EventType.ERASURE,
         EventType.ZEROIZATION_FAILURE,
+        EventType.OFFLOAD_REFUSED,
     }
 )
 

@@ -41,7 +41,7 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "sharing": ("kvgov/sharing/decision", {"requester": SCOPE, "owner": SCOPE}),
     "groups": ("kvgov/sharing/groups", {"scope": SCOPE}),
     "retention": ("kvgov/retention/decision", {"scope": SCOPE}),
-    "offload": ("kvgov/offload/decision", {"scope": SCOPE, "tier": "cpu"}),
+    "offload": ("kvgov/offload/decision", {"scope": SCOPE, "tier": "host"}),
 }
 
 

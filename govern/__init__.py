@@ -5,16 +5,19 @@
 and drives any pool that speaks ``GovernedPool``. ``GovernedKVCache`` is the
 governor on kvgov's own block pool (:mod:`kvgov.allocator`), the object a
 serving stack embeds; ``CacheScope`` says what must match before KV state is
-reused.
+reused. ``OffloadConfig`` adds encrypted offload tiers (host memory, disk,
+Redis) under the governor: see docs/offload.md.
 """
 
 from .cache import GovernedKVCache
 from .governor import Governor, LiveSequence
 from .keys import CacheKey, KeyDeriver, NamespaceRoot, ScopeDigest, namespace_root, scope_digest
-from .protocol import GovernedPool
+from .offload_config import OffloadConfig, parse_tier_url
+from .offloading import Offloading
+from .protocol import GovernedPool, OffloadablePool
 from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
 from .scope import CacheScope
-from .stats import CacheStats, TenantStats
+from .stats import CacheStats, OffloadSnapshot, TenantStats
 
 __all__ = [
     "Admission",
@@ -29,9 +32,14 @@ __all__ = [
     "KeyDeriver",
     "LiveSequence",
     "NamespaceRoot",
+    "OffloadConfig",
+    "OffloadSnapshot",
+    "OffloadablePool",
+    "Offloading",
     "ReconcileReport",
     "ScopeDigest",
     "TenantStats",
     "namespace_root",
+    "parse_tier_url",
     "scope_digest",
 ]

@@ -1,4 +1,5 @@
-"""Open the parts every binding's governor needs: key deriver, policy client, audit log.
+"""Open the parts every binding's governor needs: key deriver, policy client, audit log,
+and the offload tiers when configured.
 
 One place builds them for :meth:`GovernedKVCache.create` and for the vLLM
 binding, so both read the secret, load the bundle and open the audit store the
@@ -17,6 +18,8 @@ from kvgov.audit import AuditLog
 from kvgov.policy import PolicyClient
 
 from .keys import KeyDeriver, load_key_secret
+from .offload_config import OffloadConfig, open_offloading
+from .offloading import Offloading
 
 __all__ = ["GovernorParts", "open_parts"]
 
@@ -29,18 +32,22 @@ class GovernorParts:
         deriver: the key deriver holding the secret.
         policy: the policy client.
         audit: the audit log.
+        offload: the offload tiers, or None without them.
     """
 
     deriver: KeyDeriver
     policy: PolicyClient
     audit: AuditLog
+    offload: Offloading | None = None
 
     def close(self) -> None:
-        """Close the audit log, then the policy client (a failed build's clean-up)."""
+        """Close the audit log, the policy client and the tiers (a failed build's clean-up)."""
         try:
             self.audit.close()
         finally:
             self.policy.close()
+            if self.offload is not None:
+                self.offload.close()
 
 
 def open_parts(
@@ -53,8 +60,9 @@ def open_parts(
     clock: Callable[[], float],
     worker_id: str | None,
     policy_engine: Any,
+    offload: OffloadConfig | None = None,
 ) -> GovernorParts:
-    """Read the key secret, load the policy bundle, open the audit log.
+    """Read the key secret, load the policy bundle, open the audit log and the tiers.
 
     Args are those of :meth:`kvgov.govern.GovernedKVCache.create`.
 
@@ -62,6 +70,8 @@ def open_parts(
         KeySecretError: no usable secret.
         PolicyLoadError: the policy bundle does not load or its tests fail.
         AuditSchemaError: the audit database needs ``kvgov db upgrade``.
+        KEKError: offload is configured without a usable key-encryption key.
+        InvalidArgument: a bad offload configuration.
     """
     deriver = KeyDeriver(
         load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ))
@@ -76,4 +86,12 @@ def open_parts(
     except BaseException:
         policy.close()
         raise
-    return GovernorParts(deriver=deriver, policy=policy, audit=audit)
+    parts = GovernorParts(deriver=deriver, policy=policy, audit=audit)
+    if offload is None:
+        return parts
+    try:  # after the audit log: it brings the key table's schema up to date
+        tiers = open_offloading(offload, audit_url=audit_url, clock=clock)
+    except BaseException:
+        parts.close()
+        raise
+    return GovernorParts(deriver=deriver, policy=policy, audit=audit, offload=tiers)

@@ -38,14 +38,17 @@ from kvgov.exceptions import (
 from kvgov.policy import PolicyClient
 
 from . import erasure
-from .admin import CacheAdmin
 from .assemble import open_parts
 from .governor import Governor
 from .keys import KeyDeriver, pack_tokens
 from .logs import get_logger
+from .maintenance import CacheMaintenance
+from .offload_config import OffloadConfig
+from .offloading import Offloading
 from .results import Admission, ReconcileReport
 from .scope import CacheScope
 from .sequence import LiveSeq, check_admission, check_live_ids, check_seq_id
+from .stats import CacheStats
 from .sweeper import Sweeper
 
 __all__ = ["GovernedKVCache"]
@@ -53,12 +56,14 @@ __all__ = ["GovernedKVCache"]
 _log = get_logger()
 
 
-class GovernedKVCache(CacheAdmin):
+class GovernedKVCache(CacheMaintenance):
     """A paged KV cache where every reuse is scoped, policy-decided and audited.
 
     The governance (and its invariants) is the :class:`~kvgov.govern.governor.Governor`'s;
     this class adds kvgov's own block pool (see :class:`kvgov.allocator.BlockPool`)
-    and the block tables of live sequences.
+    and the block tables of live sequences. Its retention and erasure methods
+    (``sweep``, ``start_sweeper``, ``purge_tenant``, ``invalidate``,
+    ``rotate_secret``) are in :mod:`kvgov.govern.maintenance`.
 
     Thread safety: every public method takes the governor's re-entrant lock.
 
@@ -71,6 +76,8 @@ class GovernedKVCache(CacheAdmin):
         audit: the audit log.
         deriver: the key deriver holding the secret.
         clock: seconds since the epoch; retention and audit times read it.
+        offload: encrypted offload tiers, attached here to the governor and the pool;
+            None for none (no offload work at all).
     """
 
     def __init__(
@@ -81,6 +88,7 @@ class GovernedKVCache(CacheAdmin):
         audit: AuditLog,
         deriver: KeyDeriver,
         clock: Callable[[], float] = time.time,
+        offload: Offloading | None = None,
     ) -> None:
         self._pool = pool
         self._gov = Governor(
@@ -91,6 +99,8 @@ class GovernedKVCache(CacheAdmin):
             block_size=pool.spec.block_size,
             clock=clock,
         )
+        if offload is not None:
+            offload.attach(self._gov, pool)
         self._block_size = pool.spec.block_size
         self._seqs: dict[str, LiveSeq] = {}
         self._orphans_recovered = 0
@@ -114,6 +124,7 @@ class GovernedKVCache(CacheAdmin):
         *,
         policy_engine: Any = "embedded",
         verify_zeroization: bool = False,
+        offload: OffloadConfig | None = None,
     ) -> GovernedKVCache:
         """Build a governed cache on the embedded defaults (or the parts named).
 
@@ -135,6 +146,9 @@ class GovernedKVCache(CacheAdmin):
                 (e.g. an ``OpaServerEngine``).
             verify_zeroization: read back every zeroized block range and raise
                 :class:`kvgov.exceptions.ZeroizationError` if any byte is left.
+            offload: encrypted offload tiers (host memory, disk, Redis) that keep
+                capacity-evicted blocks for later admissions: see
+                :class:`~kvgov.govern.OffloadConfig` and docs/offload.md. None: none.
 
         Returns:
             The cache; use it as a context manager or call :meth:`close`.
@@ -144,6 +158,8 @@ class GovernedKVCache(CacheAdmin):
             PolicyLoadError: the policy bundle does not load or its tests fail.
             AuditSchemaError: the audit database needs ``kvgov db upgrade``.
             InvalidSpec: nonsense sizes.
+            KEKError: ``offload`` is given without a usable key-encryption key.
+            InvalidArgument: a bad ``offload`` configuration (a tier URL, say).
         """
         parts = open_parts(
             policy_dir=policy_dir,
@@ -154,6 +170,7 @@ class GovernedKVCache(CacheAdmin):
             clock=clock,
             worker_id=worker_id,
             policy_engine=policy_engine,
+            offload=offload,
         )
         try:
             pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization)
@@ -161,7 +178,12 @@ class GovernedKVCache(CacheAdmin):
             parts.close()
             raise
         return cls(
-            pool=pool, policy=parts.policy, audit=parts.audit, deriver=parts.deriver, clock=clock
+            pool=pool,
+            policy=parts.policy,
+            audit=parts.audit,
+            deriver=parts.deriver,
+            clock=clock,
+            offload=parts.offload,
         )
 
     # ------------------------------------------------------------------ properties
@@ -224,7 +246,8 @@ class GovernedKVCache(CacheAdmin):
                 own namespace.
 
         Returns:
-            The block table and how many leading tokens are already cached.
+            The block table and how many leading tokens are already cached: found
+            on the device, or restored from an offload tier into new blocks.
 
         Raises:
             InvalidArgument: bad seq_id or priority.
@@ -263,6 +286,11 @@ class GovernedKVCache(CacheAdmin):
             block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
             cached_tokens = len(hit_ids) * self._block_size
             try:
+                if gov.offload is not None:  # what the device missed, from the tiers
+                    restored = gov.offload.restore(
+                        view, plan, block_ids, len(hit_ids), seq_id, deferred
+                    )
+                    cached_tokens += restored * self._block_size
                 gov.key_admitted(scope, block_ids, len(hit_ids), plan, adm.priority)
                 gov.record_admission(view, seq_id, block_ids, plan, adm, priority, cached_tokens)
             except BaseException:
@@ -430,7 +458,18 @@ class GovernedKVCache(CacheAdmin):
         """
         return self._pool.block(block_id)
 
-    # ------------------------------------------------------------------ life
+    # ------------------------------------------------------------------ observation and life
+
+    def stats(self) -> CacheStats:
+        """A consistent snapshot of every counter, per tenant and in total.
+
+        Returns:
+            The counters, and blocks by state.
+        """
+        with self._gov.lock:
+            return self._gov.stats(
+                live_sequences=len(self._seqs), orphans_recovered=self._orphans_recovered
+            )
 
     def close(self) -> None:
         """Cancel live sequences, zeroize the whole pool, flush and close the audit trail.

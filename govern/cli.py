@@ -204,6 +204,15 @@ def capacity_command(
     default=None,
     help="Audit database of the governed cache (default: a temporary SQLite file).",
 )
+@click.option(
+    "--tier-url",
+    "tier_urls",
+    multiple=True,
+    metavar="URL",
+    help="An encrypted offload tier of the governed cache, fastest first (repeatable), e.g. "
+    "'host://?capacity=1GiB' or 'redis://127.0.0.1:6379/0?capacity=4GiB'; KEK from "
+    "KVGOV_KEK, else one drawn for the run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def replay_command(
     trace: str,
@@ -213,12 +222,14 @@ def replay_command(
     limit: int | None,
     share_public_prefix: bool,
     audit_url: str | None,
+    tier_urls: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Replay a Mooncake trace through the governed cache and an ungoverned LRU cache.
 
     Both caches have the same capacity; the difference in hit rate is the cost
-    of tenant isolation.
+    of tenant isolation. With --tier-url, the governed cache also keeps evicted
+    blocks in encrypted offload tiers and restores them on later misses.
     """
     from .replay import run_replay
 
@@ -236,6 +247,7 @@ def replay_command(
             share_public_prefix=share_public_prefix,
             audit_url=audit_url,
             progress=lambda done: bar.update(task, completed=done),
+            tier_urls=tier_urls,
         )
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -265,6 +277,11 @@ def replay_command(
         )
     Console().print(table)
     click.echo(f"isolation cost (hit-rate points): {report['isolation_cost']:.4f}")
+    offload = report["offload"]
+    if offload is not None:
+        for name, t in offload["tiers"].items():
+            click.echo(f"offload tier {name}: {t['puts']:,} blocks sealed, {t['hits']:,} restored")
+        click.echo(f"prefill tokens restored from the tiers: {offload['restored_tokens']:,}")
 
 
 @main.command("demo")

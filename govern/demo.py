@@ -16,15 +16,23 @@ audited. Later the model is upgraded to a new revision, which invalidates the
 old cache. Simulated time runs on a fake clock, so confidential documents
 expire under their retention and the sweeper finds them.
 
-Every block written gets real random fp16 KV, so zeroization is real work. At
-the end: a table per tenant, the audit trail's verification, the compliance
-queries a reviewer would run next, a PNG chart and the report as JSON.
+Every block written gets real random fp16 KV, so zeroization is real work.
+Blocks evicted for capacity go to an encrypted host-memory tier (four times
+the pool) when the offload policy allows it (internal and confidential data;
+never restricted, never what is published to the share group), sealed under a
+data key per tenant wrapped by a KEK drawn for the run; later admissions
+restore them as hits, and the clinic's erasure crypto-shreds its key.
+
+At the end: a table per tenant, the offload tier's figures, the audit trail's
+verification, the compliance queries a reviewer would run next, a PNG chart
+and the report as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +45,10 @@ from rich.table import Table
 
 from kvgov.allocator import KVSpec
 from kvgov.audit import AuditQueries, verify
+from kvgov.offload import HostMemoryTier, LocalKEK
 
 from .cache import GovernedKVCache
+from .offload_config import OffloadConfig
 from .scope import CacheScope
 
 __all__ = ["DemoConfig", "run_demo", "simulate"]
@@ -55,12 +65,15 @@ class DemoConfig:
         num_blocks: pool size.
         seconds_per_step: simulated seconds between requests.
         seed: the random seed (the run is deterministic).
+        host_tier_factor: the encrypted host tier holds this many pools' worth of
+            blocks (0: no offload tier).
     """
 
     steps: int = 1_500
     num_blocks: int = 1_024
     seconds_per_step: float = 2.0
     seed: int = 7
+    host_tier_factor: int = 4
 
 
 QUICK = DemoConfig(steps=240, num_blocks=256, seconds_per_step=12.0)
@@ -133,6 +146,12 @@ def simulate(
     gen = torch.Generator().manual_seed(config.seed)
     clock = _Clock()
     spec = KVSpec(num_layers=4, num_kv_heads=4, head_dim=64, block_size=16, dtype=torch.float16)
+    offload = None
+    if config.host_tier_factor:
+        # a sealed object is the block plus a header of under 200 bytes
+        per_object = spec.bytes_per_block + 256
+        tier = HostMemoryTier(config.host_tier_factor * config.num_blocks * per_object)
+        offload = OffloadConfig(tiers=[tier], kek=LocalKEK(secrets.token_bytes(32)))
     cache = GovernedKVCache.create(
         spec=spec,
         num_blocks=config.num_blocks,
@@ -143,6 +162,7 @@ def simulate(
         clock=clock,
         worker_id="demo-worker",
         verify_zeroization=True,
+        offload=offload,
     )
     server = None
     if metrics_port is not None:
@@ -184,6 +204,8 @@ def simulate(
                     "in_flight_sequences": list(erased.in_flight_sequences),
                     "verified": erased.verified,
                     "event_id": erased.event_id,
+                    "destroyed_key_ids": list(erased.destroyed_key_ids),
+                    "offload_deleted": dict(erased.offload_deleted),
                 }
             if step == upgrade_step:
                 inv = cache.invalidate(model="demo-llm-8b", model_revision=revision)
@@ -243,6 +265,7 @@ def simulate(
                 )
             if on_step is not None:
                 on_step(step + 1)
+        offload_report = _offload_report(cache, config)
     finally:
         cache.close()
         if server is not None:
@@ -283,6 +306,7 @@ def simulate(
             "evictions": dict(final.total.evictions),
             "expired_by_sweeps": expired,
         },
+        "offload": offload_report,
         "share_grant_revoked_at_step": revoked_at,
         "erasure": erasure,
         "invalidation": invalidation,
@@ -298,6 +322,36 @@ def simulate(
     (out_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     _chart(timeline, out_dir / "blocks.png", report)
     return report
+
+
+def _offload_report(cache: GovernedKVCache, config: DemoConfig) -> dict[str, Any] | None:
+    """The host tier's figures at the end of the run (before close empties it)."""
+    stats = cache.stats()
+    snap = stats.offload
+    if snap is None:
+        return None
+    host = snap.tiers["host"]
+    return {
+        "tier": "host",
+        "capacity_bytes": host.capacity_bytes,
+        "pool_multiple": config.host_tier_factor,
+        "stored_bytes": host.stored_bytes,
+        "stored_blocks": host.stored_blocks,
+        "puts": host.puts,
+        "hits": host.hits,
+        "evictions": host.evictions,
+        "expired": host.expired,
+        "deleted": host.deleted,
+        "refusals": dict(host.refusals),
+        "decrypt_failures": host.decrypt_failures,
+        "policy_denied": dict(snap.policy_denied),
+        "not_offloaded": dict(snap.not_offloaded),
+        "restored_tokens": stats.total.blocks_restored * cache.spec.block_size,
+        "tenants": {
+            name: {"offloaded": t.blocks_offloaded, "restored": t.blocks_restored}
+            for name, t in stats.tenants.items()
+        },
+    }
 
 
 def _chart(timeline: list[dict[str, float]], path: Path, report: dict[str, Any]) -> None:
@@ -338,6 +392,31 @@ def _chart(timeline: list[dict[str, float]], path: Path, report: dict[str, Any])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _print_offload(console: Console, o: dict[str, Any] | None) -> None:
+    if not o:
+        return
+    per_tenant = ", ".join(
+        f"{name} {t['offloaded']:,}/{t['restored']:,}"
+        for name, t in o["tenants"].items()
+        if t["offloaded"] or t["restored"]
+    )
+    kept = {
+        **{f"policy ({k})": v for k, v in o["policy_denied"].items() if v},
+        **o["not_offloaded"],
+    }
+    console.print(
+        f"host tier (AES-256-GCM, {o['capacity_bytes'] / 2**20:,.0f} MiB = "
+        f"{o['pool_multiple']}x the pool): {o['puts']:,} evicted blocks sealed, {o['hits']:,} "
+        f"restored as hits ({o['restored_tokens']:,} prefill tokens avoided), "
+        f"{o['stored_blocks']:,} held at the end"
+    )
+    console.print(
+        f"  sealed/restored by tenant: {per_tenant or '-'}; kept out: "
+        + (", ".join(f"{k} {v:,}" for k, v in sorted(kept.items())) or "-")
+        + f"; refused objects: {sum(o['refusals'].values())}"
+    )
 
 
 def run_demo(
@@ -421,12 +500,21 @@ def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> No
             f"blocks ({e['bytes_zeroized']:,} bytes) zeroized, read back as zero: {e['verified']}, "
             f"audit event {e['event_id']}"
         )
+    if e and report.get("offload"):
+        deleted = sum(e["offload_deleted"].values())
+        console.print(
+            f"  host tier: {e['tenant']}'s data key {', '.join(e['destroyed_key_ids'])} destroyed "
+            f"first (every copy unreadable), then {deleted} sealed objects deleted"
+            if e["destroyed_key_ids"]
+            else f"  host tier: {e['tenant']} had nothing sealed yet; no key to destroy"
+        )
     if inv:
         console.print(
             f"model upgrade r1 -> r2 at step {inv['step']}: {inv['blocks_zeroized']} cached "
             f"blocks invalidated and zeroized"
         )
     console.print(f"retention sweeps expired {report['total']['expired_by_sweeps']} blocks")
+    _print_offload(console, report.get("offload"))
     v = report["verification"]
     status = "[green]OK[/green]" if v["ok"] else "[red]FAILED[/red]"
     console.print(

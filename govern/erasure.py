@@ -4,7 +4,11 @@ Each function selects the blocks from the governor's own bookkeeping (owners,
 deadlines), has the pool revoke or evict them through the pool protocol,
 drains the pool's events into the audit trail, and writes the operation's own
 event. They take the governor's lock; a binding passes its running sequences
-(``live``) so the ones that match stop caching.
+(``live``) so the ones that match stop caching. With offload tiers
+(``gov.offload``) each also reaches the tiers: a purge crypto-shreds the tenant
+(its data key first, then its objects), an invalidation deletes the matching
+scopes' objects, a rotation every object, a sweep the expired ones; the
+operation's event names what each tier lost.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvgov.audit import AuditEvent, EventType
-from kvgov.exceptions import InvalidArgument, InvalidScope, ZeroizationError
+from kvgov.exceptions import InvalidArgument, InvalidScope, KeyStoreUnavailable, ZeroizationError
+from kvgov.offload import ShredReport
 
 from .governor import Governor, LiveSequence, _log
 from .keys import KeyDeriver
+from .offloading import erasure_details
 from .results import ErasureReport, InvalidationReport
 from .scope import CacheScope
 
@@ -71,7 +77,15 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
     The blocks are revoked under the governor's lock; the erasure event, which
     the audit log writes through to its store, is recorded after the lock is
     released (the tenant's admissions stay refused until it is), so a slow
-    audit database never stalls other tenants.
+    audit database never stalls other tenants. The offload tiers are shredded
+    then too: the tenant has no CACHED block left to offload, and a capacity
+    eviction of a purging tenant's block offloads nothing.
+
+    Raises:
+        InvalidScope: tenant is not a valid identifier.
+        KeyStoreUnavailable: the tenant's offload data key could not be destroyed
+            (the device blocks are zeroized and the attempt is audited); retry.
+        AuditUnavailable: the erasure could not be audited.
     """
     if not isinstance(tenant, str) or not tenant:
         raise InvalidScope("tenant", tenant, "a non-empty string")
@@ -88,23 +102,23 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             # verified only when every block of the tenant is zero now: a detached one
             # (still held by a running sequence) is zeroized only at its release
             verified = not detached and gov.pool.read_back_zero(evicted) is True
-            finished = gov.clock()
             nbytes = len(evicted) * gov.pool.bytes_per_block
+        details: dict[str, Any] = {
+            "blocks_zeroized": len(evicted),
+            "bytes_zeroized": nbytes,
+            "detached_blocks": len(detached),
+            "in_flight_sequences": in_flight,
+            "verified": verified,
+        }
+        shred, failure = _shred(gov, tenant, details)
+        finished = details["finished_at"] = gov.clock()
         recorded = gov.audit.record_durable(
             AuditEvent(
-                type=EventType.ERASURE,
-                tenant=tenant,
-                block_ids=tuple(evicted),
-                details={
-                    "blocks_zeroized": len(evicted),
-                    "bytes_zeroized": nbytes,
-                    "detached_blocks": len(detached),
-                    "in_flight_sequences": in_flight,
-                    "verified": verified,
-                    "finished_at": finished,
-                },
+                type=EventType.ERASURE, tenant=tenant, block_ids=tuple(evicted), details=details
             )
         )
+        if failure is not None:
+            raise failure
         _log.info(
             "tenant_erased",
             tenant=tenant,
@@ -124,9 +138,28 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             event_id=recorded.event_id,
             finished_at=finished,
             evidence=recorded.evidence,
+            destroyed_key_ids=() if shred is None else shred.destroyed_key_ids,
+            offload_deleted={} if shred is None else dict(shred.deleted),
+            offload_unreachable=() if shred is None else shred.unreachable,
         )
     finally:
         gov.purging.discard(tenant)
+
+
+def _shred(
+    gov: Governor, tenant: str, details: dict[str, Any]
+) -> tuple[ShredReport | None, KeyStoreUnavailable | None]:
+    """Crypto-shred the tenant in the offload tiers, if any; say so in ``details["offload"]``."""
+    if gov.offload is None:
+        return None, None
+    try:
+        shred = gov.offload.shred(tenant)
+    except KeyStoreUnavailable as exc:
+        details["offload"] = {"shredded": False, "error": str(exc)}
+        _log.warning("offload_shred_failed", tenant=tenant, error=str(exc))
+        return None, exc
+    details["offload"] = {"shredded": True, **erasure_details(shred)}
+    return shred, None
 
 
 def invalidate(
@@ -165,17 +198,17 @@ def invalidate(
                 seq.cacheable = False
                 marked += 1
         evicted, detached = revoke(gov, gov.owners.select(matches), "invalidated")
+        details: dict[str, Any] = {
+            "filter": dict(wanted),
+            "blocks_zeroized": len(evicted),
+            "detached_blocks": len(detached),
+            "sequences_marked": marked,
+        }
+        deleted = None if gov.offload is None else gov.offload.invalidate(matches)
+        if deleted is not None:
+            details["offload"] = erasure_details(deleted)
         event_id = gov.audit.record(
-            AuditEvent(
-                type=EventType.INVALIDATION,
-                block_ids=tuple(evicted),
-                details={
-                    "filter": dict(wanted),
-                    "blocks_zeroized": len(evicted),
-                    "detached_blocks": len(detached),
-                    "sequences_marked": marked,
-                },
-            )
+            AuditEvent(type=EventType.INVALIDATION, block_ids=tuple(evicted), details=details)
         )
         _log.info("invalidated", filter=dict(wanted), blocks_zeroized=len(evicted))
         return InvalidationReport(
@@ -183,6 +216,7 @@ def invalidate(
             detached_blocks=len(detached),
             sequences_marked=marked,
             event_id=event_id,
+            offload_deleted={} if deleted is None else dict(deleted.deleted),
         )
 
 
@@ -195,21 +229,23 @@ def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[LiveSequence]
             seq.cacheable = False
         evicted, detached = revoke(gov, gov.owners.held(), "secret_rotated")
         gov.deriver = deriver
+        details: dict[str, Any] = {
+            "blocks_zeroized": len(evicted),
+            "detached_blocks": len(detached),
+        }
+        if gov.offload is not None:  # every object's key was derived with the old secret
+            details["offload"] = erasure_details(gov.offload.drop_all())
         gov.audit.record(
-            AuditEvent(
-                type=EventType.SECRET_ROTATION,
-                block_ids=tuple(evicted),
-                details={"blocks_zeroized": len(evicted), "detached_blocks": len(detached)},
-            )
+            AuditEvent(type=EventType.SECRET_ROTATION, block_ids=tuple(evicted), details=details)
         )
         return len(evicted)
 
 
 def sweep(gov: Governor) -> int:
-    """Evict and zeroize every cached block past its retention deadline.
+    """Evict and zeroize every cached block past its retention deadline (and tier objects).
 
     Returns:
-        How many blocks expired.
+        How many device blocks expired.
     """
     with gov.lock:
         gov.check_open()
@@ -219,12 +255,13 @@ def sweep(gov: Governor) -> int:
             with zeroization_audited(gov):
                 expired = gov.pool.evict(due, "expired")
         gov.drain()
-        if expired:
-            gov.audit.record(
-                AuditEvent(
-                    type=EventType.RETENTION_SWEEP,
-                    block_ids=tuple(expired),
-                    details={"expired": len(expired)},
-                )
-            )
-        return len(expired)
+    details: dict[str, Any] = {"expired": len(expired)}
+    # the tiers outside the lock: the store is thread-safe, and Redis may be slow
+    tiers = None if gov.offload is None else gov.offload.sweep()
+    if tiers is not None and (tiers.total or tiers.unreachable):
+        details["offload"] = erasure_details(tiers)
+    if expired or "offload" in details:
+        gov.audit.record(
+            AuditEvent(type=EventType.RETENTION_SWEEP, block_ids=tuple(expired), details=details)
+        )
+    return len(expired)

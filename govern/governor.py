@@ -22,8 +22,9 @@ A binding admits a request in named steps, each a method here: ``decide``,
 ``record_admission``; after every pool call it ``drain``s the pool's events,
 which turns them into owners, deadlines, counters and audit events. Erasure
 and maintenance (``purge_tenant``, ``invalidate``, ``rotate_secret``,
-``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure` and are reached
-through the methods of the same names.
+``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure`; encrypted offload
+tiers, when a binding attaches them (:attr:`Governor.offload`), in
+:mod:`kvgov.govern.offloading`.
 
 Thread safety: one re-entrant lock (:attr:`lock`). ``decide`` and ``plan``
 need no lock (the policy client, the scope views and the audit log are
@@ -41,7 +42,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
@@ -60,32 +61,18 @@ from .keys import KeyDeriver
 from .logs import get_logger
 from .ownership import Owners
 from .plan import KeyPlan, plan_keys, unkeyed_plan
-from .protocol import GovernedPool
+from .protocol import GovernedPool, LiveSequence
 from .retention import Deadlines
 from .scope import CacheScope
 from .stats import CacheStats, _TenantCounters, snapshot
 from .views import ScopeView, ScopeViews
 
+if TYPE_CHECKING:
+    from .offloading import Offloading
+
 __all__ = ["Governor", "LiveSequence"]
 
 _log = get_logger()
-
-
-class LiveSequence(Protocol):
-    """What the governor needs of a binding's running sequence (purge, invalidation)."""
-
-    @property
-    def seq_id(self) -> str:
-        """The caller's id."""
-        ...
-
-    @property
-    def scope(self) -> CacheScope:
-        """The scope it was admitted under."""
-        ...
-
-    #: Whether its full blocks may still be cached at release; erasure clears it.
-    cacheable: bool
 
 
 class Governor(HitFinder):
@@ -137,6 +124,8 @@ class Governor(HitFinder):
         self.unattributed = _TenantCounters()
         self.purging: set[str] = set()
         self.closed = False
+        #: The encrypted offload tiers, once a binding attaches them; None: no offload work.
+        self.offload: Offloading | None = None
 
     # ------------------------------------------------------------------ admission steps
 
@@ -410,10 +399,11 @@ class Governor(HitFinder):
                 policy=self.policy,
                 live_sequences=live_sequences,
                 orphans_recovered=orphans_recovered,
+                offload=self.offload,
             )
 
     def close(self) -> None:
-        """Mark the governor closed, then close the audit log and the policy client.
+        """Mark the governor closed, then close the audit log, the policy client and offload.
 
         The binding ends its sequences and closes its pool (draining the last
         events) before calling this. Idempotent.
@@ -426,6 +416,8 @@ class Governor(HitFinder):
                 self.audit.close()
             finally:
                 self.policy.close()
+                if self.offload is not None:
+                    self.offload.close()
 
     def _check_invariants(self) -> None:
         """Check the governor's invariants against the pool's states.

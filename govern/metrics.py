@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .stats import CacheStats
+from .stats import CacheStats, OffloadSnapshot
 
 __all__ = ["CacheCollector", "serve_metrics"]
 
@@ -40,7 +40,16 @@ class CacheCollector:
     ``bytes_zeroized_total``, ``blocks{state}`` (per tenant: owned, cached),
     ``pool_blocks{state}`` (free, owned, cached, dirty), ``live_sequences``,
     ``orphans_recovered_total``, ``decision_cache_hits_total``,
-    ``decision_cache_misses_total``.
+    ``decision_cache_misses_total``, and with offload tiers
+    ``blocks_offloaded_total``, ``blocks_restored_total``,
+    ``offload_refusals_total`` (per tenant) and, per ``tier``:
+    ``offload_capacity_bytes``, ``offload_stored_bytes``, ``offload_stored_blocks``,
+    ``offload_available`` (gauges); ``offload_puts_total``,
+    ``offload_put_bytes_total``, ``offload_hits_total``, ``offload_misses_total``,
+    ``offload_evictions_total``, ``offload_expired_total``, ``offload_deleted_total``,
+    ``offload_unavailable_total``, ``offload_decrypt_failures_total``,
+    ``offload_refusals_by_reason_total{reason}``, ``offload_policy_denied_total``;
+    ``offload_not_offloaded_total{reason}`` and ``offload_restore_errors_total``.
 
     Args:
         cache: anything with a ``stats()`` returning :class:`CacheStats`.
@@ -62,6 +71,12 @@ class CacheCollector:
             "blocks_zeroized": "blocks zeroized",
             "bytes_zeroized": "bytes zeroized",
         }
+        if s.offload is not None:
+            scalar |= {
+                "blocks_offloaded": "evicted blocks sealed into an offload tier",
+                "blocks_restored": "blocks restored from an offload tier (hits)",
+                "offload_refusals": "offloaded objects refused on restore (tamper, move, replay)",
+            }
         for name, doc in scalar.items():
             family = CounterMetricFamily(f"kvgov_{name}", doc, labels=["tenant"])
             for tenant, t in s.tenants.items():
@@ -99,6 +114,74 @@ class CacheCollector:
             "policy decisions evaluated",
             value=s.decision_cache_misses,
         )
+        if s.offload is not None:
+            yield from _offload_families(s.offload)
+
+
+#: Offload tier gauges (a shared tier's fill counts every worker) and counters (this worker).
+_TIER_GAUGES = {
+    "capacity_bytes": "bytes the tier may hold",
+    "stored_bytes": "bytes the tier holds now",
+    "stored_blocks": "objects the tier holds now",
+    "available": "1 while the tier is used, 0 while it is skipped after a failure",
+}
+_TIER_COUNTERS = {
+    "puts": "objects sealed into the tier",
+    "put_bytes": "bytes sealed into the tier",
+    "hits": "restores the tier served",
+    "misses": "lookups the tier could not serve",
+    "evictions": "objects the tier evicted (LRU) for this worker's puts",
+    "expired": "objects deleted past their retention deadline",
+    "deleted": "objects deleted by purge, invalidation or rotation",
+    "unavailable": "operations the tier could not serve while down",
+    "decrypt_failures": "objects that failed AES-GCM authentication",
+}
+
+
+def _offload_families(snap: OffloadSnapshot) -> Iterator[Metric]:
+    """The per-tier offload metrics of one stats snapshot."""
+    for name, doc in _TIER_GAUGES.items():
+        gauge = GaugeMetricFamily(f"kvgov_offload_{name}", doc, labels=["tier"])
+        for tier, t in snap.tiers.items():
+            value = getattr(t, name)
+            if value is not None:  # None: the tier could not be asked
+                gauge.add_metric([tier], float(value))
+        yield gauge
+    for name, doc in _TIER_COUNTERS.items():
+        counter = CounterMetricFamily(f"kvgov_offload_{name}", doc, labels=["tier"])
+        for tier, t in snap.tiers.items():
+            counter.add_metric([tier], float(getattr(t, name)))
+        yield counter
+    refusals = CounterMetricFamily(
+        "kvgov_offload_refusals_by_reason",
+        "objects refused on restore, by reason",
+        labels=["tier", "reason"],
+    )
+    for tier, t in snap.tiers.items():
+        for reason, count in t.refusals.items():
+            refusals.add_metric([tier, reason], float(count))
+    yield refusals
+    denied = CounterMetricFamily(
+        "kvgov_offload_policy_denied",
+        "evicted blocks the offload policy kept from the tier",
+        labels=["tier"],
+    )
+    for tier, count in snap.policy_denied.items():
+        denied.add_metric([tier], float(count))
+    yield denied
+    kept = CounterMetricFamily(
+        "kvgov_offload_not_offloaded",
+        "evicted blocks kept from every tier by the governor, by reason",
+        labels=["reason"],
+    )
+    for reason, count in snap.not_offloaded.items():
+        kept.add_metric([reason], float(count))
+    yield kept
+    yield CounterMetricFamily(
+        "kvgov_offload_restore_errors",
+        "restores abandoned: an authentic object could not be used",
+        value=snap.restore_errors,
+    )
 
 
 def serve_metrics(cache: _HasStats, port: int, addr: str = "127.0.0.1") -> Any:

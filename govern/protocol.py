@@ -17,16 +17,28 @@ What a pool promises:
 * ``take_events`` returns what happened since the last call, in order, with
   the event types of :mod:`kvgov.allocator.events`; the governor drains them
   after every call that can emit.
+
+Offload (:mod:`kvgov.govern.offloading`) needs two things more of a pool, so
+they are a protocol of their own, :class:`OffloadablePool`; a binding whose pool
+lacks them runs without offload tiers:
+
+* ``set_eviction_observer`` shows every batch of evicted blocks (ids, keys,
+  reason, and their bytes) to an observer before the batch is zeroized, in
+  the same call that evicts it (see :mod:`kvgov.allocator.observer`); the
+  observer runs inside the pool call and must not call the pool;
+* ``block`` gives a writable view of one block, which a restore decrypts into.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from kvgov.allocator import BlockState, PoolCounts, PoolEvent, Revoked
+from kvgov.allocator import BlockState, EvictionObserver, PoolCounts, PoolEvent, Revoked
 
-__all__ = ["GovernedPool"]
+from .scope import CacheScope
+
+__all__ = ["GovernedPool", "LiveSequence", "OffloadablePool"]
 
 
 class GovernedPool(Protocol):
@@ -83,3 +95,33 @@ class GovernedPool(Protocol):
     def take_events(self) -> list[PoolEvent]:
         """Events since the last call, oldest first."""
         ...
+
+
+@runtime_checkable
+class OffloadablePool(GovernedPool, Protocol):
+    """A pool whose evicted blocks can go to offload tiers (see the module docstring)."""
+
+    def set_eviction_observer(self, observer: EvictionObserver | None) -> None:
+        """Show each batch of evicted blocks to ``observer`` before zeroizing it (None: stop)."""
+        ...
+
+    def block(self, block_id: int) -> Any:
+        """A writable, contiguous view of one block's bytes (a torch tensor)."""
+        ...
+
+
+class LiveSequence(Protocol):
+    """What the governor needs of a binding's running sequence (purge, invalidation)."""
+
+    @property
+    def seq_id(self) -> str:
+        """The caller's id."""
+        ...
+
+    @property
+    def scope(self) -> CacheScope:
+        """The scope it was admitted under."""
+        ...
+
+    #: Whether its full blocks may still be cached at release; erasure clears it.
+    cacheable: bool

@@ -18,12 +18,19 @@ a conversation share that prefix, so a conversation stays in one tenant.
 The ungoverned baseline is what a serving engine does today: one namespace,
 keys are plain chained SHA-256 of the tokens, same pool, same capacity, same
 LRU eviction, and the same rule of leaving at least one prompt token to compute.
+
+With offload tiers (``tier_urls``) the governed cache also seals blocks evicted
+for capacity into them and restores them on later misses; the replay's policy
+allows every given tier for the trace's ``internal`` scopes, and the KEK is
+``KVGOV_KEK`` (or ``KVGOV_KEK_FILE``) when set, else one drawn for the run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,12 +40,16 @@ from typing import Any
 
 import torch
 
+from kvgov import defaults
 from kvgov.allocator import BlockPool, KVSpec
 from kvgov.exceptions import InvalidArgument, OutOfBlocks
+from kvgov.offload import LocalKEK, Tier
 
 from .cache import GovernedKVCache
 from .keys import pack_tokens
+from .offload_config import OffloadConfig, parse_tier_url
 from .scope import CacheScope
+from .stats import CacheStats
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -359,6 +370,7 @@ def run_replay(
     share_public_prefix: bool = False,
     audit_url: str | None = None,
     progress: Callable[[int], None] | None = None,
+    tier_urls: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Replay a trace through the governed cache and the ungoverned baseline, same capacity.
 
@@ -373,24 +385,25 @@ def run_replay(
         audit_url: the governed cache's audit database; None for a SQLite file
             in a temporary directory, removed afterwards.
         progress: called with requests done.
+        tier_urls: offload tier URLs for the governed cache (see
+            :func:`~kvgov.govern.parse_tier_url`), fastest first; none by default.
 
     Returns:
         A JSON-able report: both results, the isolation cost (ungoverned minus
-        governed hit rate) and the governed cache's cross-tenant reuse count.
+        governed hit rate), the governed cache's cross-tenant reuse count and,
+        with tiers, their figures.
     """
     requests = load_trace(trace, limit)
     names = sorted({tenant_of(r, tenants) for r in requests})
-    policy_data: dict[str, Any] | None = None
+    config: dict[str, Any] = {}
     if share_public_prefix:
-        policy_data = {
-            "kvgov": {
-                "config": {
-                    "share_groups": {
-                        "system-prompt": {"publishers": names, "classifications": ["public"]}
-                    }
-                }
-            }
+        config["share_groups"] = {
+            "system-prompt": {"publishers": names, "classifications": ["public"]}
         }
+    offload, tier_names = _offload_config(tier_urls)
+    if offload is not None:
+        config["offload_tiers"] = {"internal": tier_names}
+    policy_data = {"kvgov": {"config": config}} if config else None
     prefix = MOONCAKE_BLOCK_TOKENS if share_public_prefix else 0
     scopes = {name: trace_scope(name) for name in names}
     with (
@@ -401,6 +414,7 @@ def run_replay(
             audit_url=audit_url or f"sqlite:///{Path(tmp) / 'audit.db'}",
             ephemeral_secret=True,
             policy_data=policy_data,
+            offload=offload,
         ) as cache,
     ):
         governed = replay_governed(
@@ -410,7 +424,8 @@ def run_replay(
             public_prefix_tokens=prefix,
             progress=progress,
         )
-        cross = cache.stats().total.cross_tenant_reuses
+        final = cache.stats()
+    cross = final.total.cross_tenant_reuses
     ungoverned = replay_ungoverned(blocks, block_size, requests)
 
     def as_dict(r: ReplayResult) -> dict[str, Any]:
@@ -438,4 +453,37 @@ def run_replay(
         "ungoverned": as_dict(ungoverned),
         "isolation_cost": ungoverned.hit_rate - governed.hit_rate,
         "cross_tenant_reuses": cross,
+        "offload": None if final.offload is None else _offload_figures(final, block_size),
+    }
+
+
+def _offload_config(tier_urls: Sequence[str]) -> tuple[OffloadConfig | None, list[str]]:
+    """The replay's tiers (built here, so their names are known) and their names."""
+    if not tier_urls:
+        return None, []
+    env = os.environ
+    if env.get(defaults.KEK_ENV) or env.get(defaults.KEK_FILE_ENV):
+        kek = LocalKEK.from_env()
+    else:
+        kek = LocalKEK(secrets.token_bytes(32))  # the run's own: nothing outlives it
+    tiers: list[Tier] = []
+    try:
+        for url in tier_urls:
+            tiers.append(parse_tier_url(url))
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise
+    return OffloadConfig(tiers=tiers, kek=kek), [t.name for t in tiers]
+
+
+def _offload_figures(stats: CacheStats, block_size: int) -> dict[str, Any]:
+    """Per tier: sealed, restored, refused; and the prefill the restores avoided."""
+    tiers = {} if stats.offload is None else stats.offload.tiers
+    return {
+        "restored_tokens": stats.total.blocks_restored * block_size,
+        "tiers": {
+            name: {"puts": t.puts, "hits": t.hits, "evictions": t.evictions, "refusals": t.refusals}
+            for name, t in tiers.items()
+        },
     }

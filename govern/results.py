@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvgov.audit import Evidence
 
@@ -57,6 +58,12 @@ class ErasureReport:
             ``"spooled"`` only in the local spool (the database did not answer in
             time; the event is replayed into it when it does, and ``kvgov audit
             status`` lists it until then).
+        destroyed_key_ids: the tenant's offload data keys destroyed (crypto-shredding):
+            every copy of its KV in every offload tier is unreadable from then on.
+            Empty without offload tiers (or if the tenant never offloaded).
+        offload_deleted: the tenant's objects then deleted, per offload tier.
+        offload_unreachable: offload tiers that could not be reached; their copies
+            remain, unreadable.
     """
 
     tenant: str
@@ -68,6 +75,9 @@ class ErasureReport:
     event_id: str
     finished_at: float
     evidence: Evidence
+    destroyed_key_ids: tuple[str, ...] = ()
+    offload_deleted: Mapping[str, int] = field(default_factory=dict)
+    offload_unreachable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +91,15 @@ class InvalidationReport:
         sequences_marked: running sequences of a matching scope, which will
             cache nothing more.
         event_id: the invalidation event in the audit trail.
+        offload_deleted: objects of matching scopes deleted, per offload tier (empty
+            without offload tiers).
     """
 
     blocks_zeroized: int
     detached_blocks: int
     sequences_marked: int
     event_id: str
+    offload_deleted: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

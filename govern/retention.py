@@ -96,6 +96,10 @@ class Deadlines:
         if len(heap) > self._limit:
             self._rebuild()
 
+    def deadline(self, block_id: int) -> float:
+        """When the block's current CACHED spell ends (seconds); inf while it has none."""
+        return self._deadline[block_id]
+
     def due(self, now: float) -> list[int]:
         """Pop every block whose current deadline is ``<= now``, earliest first.
 

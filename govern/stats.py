@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 from kvgov.allocator import BlockState
 
 if TYPE_CHECKING:
+    from kvgov.offload import TierStats
     from kvgov.policy import PolicyClient
 
+    from .offloading import Offloading
     from .ownership import Owners
     from .protocol import GovernedPool
 
-__all__ = ["CacheStats", "TenantStats"]
+__all__ = ["CacheStats", "OffloadSnapshot", "TenantStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,12 @@ class TenantStats:
         bytes_zeroized: their bytes.
         blocks_by_state: this tenant's blocks now OWNED or CACHED (keys
             ``owned``, ``cached``); for the total also ``free`` and ``dirty``.
+        blocks_offloaded: this tenant's evicted blocks sealed into at least one
+            offload tier.
+        blocks_restored: blocks restored from an offload tier into this tenant's
+            admissions (their tokens are in ``hit_tokens``).
+        offload_refusals: offloaded objects refused when this tenant's admissions
+            tried to restore them (tampered, truncated, moved, replayed, shredded).
     """
 
     requests: int = 0
@@ -53,6 +61,9 @@ class TenantStats:
     blocks_zeroized: int = 0
     bytes_zeroized: int = 0
     blocks_by_state: Mapping[str, int] = field(default_factory=dict)
+    blocks_offloaded: int = 0
+    blocks_restored: int = 0
+    offload_refusals: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -74,6 +85,7 @@ class CacheStats:
         decision_cache_hits: policy decisions served from the decision cache.
         decision_cache_misses: policy decisions that went to the engine.
         policy_revision: the active policy bundle revision.
+        offload: the offload tiers' counters; None when the cache has none.
     """
 
     total: TenantStats
@@ -85,12 +97,36 @@ class CacheStats:
     decision_cache_hits: int
     decision_cache_misses: int
     policy_revision: str
+    offload: OffloadSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadSnapshot:
+    """The offload part of a governed cache's stats.
+
+    Attributes:
+        tiers: per tier, in lookup order, the store's counters and fill.
+        policy_denied: evicted blocks the offload policy kept from each tier.
+        not_offloaded: capacity-evicted blocks kept from every tier by the governor
+            itself, by reason: ``shared_namespace`` (published in a share group),
+            ``purging`` (their tenant is being erased), ``no_deadline``, ``error``
+            (sealing or a tier raised; logged).
+        restore_errors: restores abandoned as a miss because an authentic object
+            could not be used (another KV layout, a KEK mismatch; logged).
+    """
+
+    tiers: Mapping[str, TierStats]
+    policy_denied: Mapping[str, int]
+    not_offloaded: Mapping[str, int]
+    restore_errors: int
 
 
 class _TenantCounters:
     """Mutable counters of one tenant; only the cache, under its lock, changes them."""
 
     __slots__ = (
+        "blocks_offloaded",
+        "blocks_restored",
         "blocks_zeroized",
         "bytes_zeroized",
         "cross_tenant_denied",
@@ -98,6 +134,7 @@ class _TenantCounters:
         "denials",
         "evictions",
         "hit_tokens",
+        "offload_refusals",
         "queried_tokens",
         "requests",
     )
@@ -112,6 +149,9 @@ class _TenantCounters:
         self.evictions: Counter[str] = Counter()
         self.blocks_zeroized = 0
         self.bytes_zeroized = 0
+        self.blocks_offloaded = 0
+        self.blocks_restored = 0
+        self.offload_refusals = 0
 
     def freeze(self, blocks_by_state: Mapping[str, int]) -> TenantStats:
         return TenantStats(
@@ -126,6 +166,9 @@ class _TenantCounters:
             blocks_zeroized=self.blocks_zeroized,
             bytes_zeroized=self.bytes_zeroized,
             blocks_by_state=MappingProxyType(dict(blocks_by_state)),
+            blocks_offloaded=self.blocks_offloaded,
+            blocks_restored=self.blocks_restored,
+            offload_refusals=self.offload_refusals,
         )
 
 
@@ -141,6 +184,9 @@ def _sum(counters: Iterable[_TenantCounters]) -> _TenantCounters:
         total.evictions.update(c.evictions)
         total.blocks_zeroized += c.blocks_zeroized
         total.bytes_zeroized += c.bytes_zeroized
+        total.blocks_offloaded += c.blocks_offloaded
+        total.blocks_restored += c.blocks_restored
+        total.offload_refusals += c.offload_refusals
     return total
 
 
@@ -153,6 +199,7 @@ def snapshot(
     policy: PolicyClient,
     live_sequences: int,
     orphans_recovered: int,
+    offload: Offloading | None = None,
 ) -> CacheStats:
     """Freeze a governor's counters, with its blocks by state per tenant and in total.
 
@@ -164,6 +211,7 @@ def snapshot(
         policy: the policy client (decision cache counters, revision).
         live_sequences: the binding's running sequences.
         orphans_recovered: sequences the binding released as orphans.
+        offload: the governor's offload tiers, if any.
     """
     per_tenant: defaultdict[str, dict[str, int]] = defaultdict(lambda: {"owned": 0, "cached": 0})
     totals = {"free": 0, "owned": 0, "cached": 0, "dirty": 0}
@@ -201,4 +249,5 @@ def snapshot(
         decision_cache_hits=cache_stats.hits,
         decision_cache_misses=cache_stats.misses,
         policy_revision=policy.bundle_revision,
+        offload=None if offload is None else offload.snapshot(),
     )

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvgov import defaults
 from kvgov.exceptions import InvalidArgument, PoolClosed
 
 from .logs import get_logger
 
-if TYPE_CHECKING:
-    from .cache import GovernedKVCache
-
 __all__ = ["Sweeper", "check_interval"]
 
 _log = get_logger()
 
 
+class _Sweepable(Protocol):
+    def sweep(self) -> int: ...
+
+
 class Sweeper(threading.Thread):
     """Daemon thread calling ``sweep`` every interval until stopped."""
 
-    def __init__(self, cache: GovernedKVCache, interval: float) -> None:
+    def __init__(self, cache: _Sweepable, interval: float) -> None:
         super().__init__(name="kvgov-retention-sweeper", daemon=True)
         self._cache = cache
         self._interval = interval

@@ -97,6 +97,10 @@ class ScopeViews:
         self._views[scope] = view
         return view
 
+    def known(self) -> list[ScopeView]:
+        """The views derived so far (at most the last 65,536 scopes), e.g. to invalidate by."""
+        return list(self._views.values())
+
     def group_root(self, group: str) -> NamespaceRoot:
         """The namespace root of a share group."""
         root = self._group_roots.get(group)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         GovernedKVCache,
         Governor,
         InvalidationReport,
+        OffloadConfig,
         ReconcileReport,
         TenantStats,
     )
@@ -58,6 +59,7 @@ _EXPORTS = {
     "InvalidationReport": "kvgov.govern",
     "KVGovError": "kvgov.exceptions",
     "KVSpec": "kvgov.allocator",
+    "OffloadConfig": "kvgov.govern",
     "PolicyClient": "kvgov.policy",
     "ReconcileReport": "kvgov.govern",
     "TenantStats": "kvgov.govern",
@@ -76,6 +78,7 @@ __all__ = [
     "InvalidationReport",
     "KVGovError",
     "KVSpec",
+    "OffloadConfig",
     "PolicyClient",
     "ReconcileReport",
     "TenantStats",

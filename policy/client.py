@@ -173,7 +173,7 @@ class OffloadDecision(_Verdict):
 
     Attributes:
         allow: the blocks may be offloaded to the tier asked about.
-        reason: the policy's reason, e.g. ``"internal data may be offloaded to cpu"``.
+        reason: the policy's reason, e.g. ``"internal data may be offloaded to host"``.
         decision: the underlying decision (id, revision, error) for audit.
     """
 
@@ -410,7 +410,8 @@ class PolicyClient:
 
         Args:
             scope: the blocks' scope.
-            tier: the target tier (``"cpu"``, ``"disk"``, ...).
+            tier: the target tier's name (``"host"``, ``"disk"``, ``"redis"``: the names
+                of the offload store's tiers, see docs/offload.md).
 
         Returns:
             The decision; fails closed (allow False) on any error.

@@ -1,6 +1,7 @@
-# Offload: may this scope's KV blocks be moved to a slower tier (CPU memory, disk)?
+# Offload: may this scope's KV blocks be moved to a slower tier (host memory, disk, Redis)?
 #
-# input:  {scope, tier}
+# input:  {scope, tier}   tier: an offload tier's name, as the governor's OffloadStore
+#                         names it: "host", "disk", "redis" (or a name the deployment gave)
 # output: decision = {allow, reason}
 #
 # Hard rules: an invalid scope is denied; `restricted` is never offloaded. Otherwise

@@ -55,7 +55,7 @@ def test_block_ids_and_counts_are_checked() -> None:
 
 
 def test_critical_types_are_the_security_events() -> None:
-    """The synchronous set is exactly the contract's six security-critical types."""
+    """The synchronous set is exactly the contract's seven security-critical types."""
     assert {
         "policy_denied",
         "policy_error",
@@ -63,6 +63,7 @@ def test_critical_types_are_the_security_events() -> None:
         "share_denied",
         "erasure",
         "zeroization_failure",
+        "offload_refused",
     } == set(CRITICAL_EVENT_TYPES)
 
 

@@ -47,3 +47,22 @@ def test_quick_demo_report_matches_the_audit_log(tmp_path: Path) -> None:
     assert len(erasure) == 1 and erasure[0].tenant == "clinic"
     assert erasure[0].details["blocks_zeroized"] == report["erasure"]["blocks_zeroized"] > 0
     assert report["erasure"]["verified"] is True
+    # the host tier: what the report says it sealed and restored is what the trail holds
+    offload = report["offload"]
+    sealed: Counter[str | None] = Counter()
+    restored: Counter[str | None] = Counter()
+    for e in events:
+        if e.type == "offload":
+            assert e.details["tier"] == "host"
+            sealed[e.tenant] += len(e.block_ids)
+        elif e.type == "offload_restore":
+            assert e.tenant == e.requester_tenant  # only a tenant's own blocks come back
+            restored[e.requester_tenant] += len(e.block_ids)
+    for tenant, t in offload["tenants"].items():
+        assert t["offloaded"] == sealed[tenant]
+        assert t["restored"] == restored[tenant]
+    assert offload["puts"] == sum(sealed.values()) > 0
+    assert offload["hits"] == sum(restored.values()) > 0
+    assert offload["tenants"]["chatbot"]["offloaded"] == 0  # public, in the share group
+    assert not any(e.type == "offload" and e.classification == "restricted" for e in events)
+    assert "host tier (AES-256-GCM" in result.output

@@ -114,3 +114,24 @@ def test_replaying_in_parts_keeps_the_caches_and_their_hits(tmp_path: Path) -> N
     pool.close()
     assert whole.hit_tokens > 0
     assert bare_hits == gov_hits == whole.hit_tokens
+
+
+def test_a_host_tier_wins_back_hits_a_small_pool_lost() -> None:
+    """`kvgov replay --tier-url host://...`: evicted prefixes come back from the encrypted tier."""
+    args = ["replay", str(_trace()), "--limit", "150", "--blocks", "128", "--block-size", "512"]
+    plain = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    result = CliRunner().invoke(
+        main, [*args, "--tier-url", "host://?capacity=64MiB&pin=0", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    tiered = json.loads(result.output)
+    assert plain["offload"] is None
+    restored = tiered["offload"]["restored_tokens"]
+    assert restored > 0 and tiered["offload"]["tiers"]["host"]["hits"] * 512 == restored
+    assert tiered["governed"]["hit_tokens"] > plain["governed"]["hit_tokens"]
+    assert tiered["ungoverned"] == {**plain["ungoverned"], **_timings(tiered["ungoverned"])}
+
+
+def _timings(r: dict[str, float]) -> dict[str, float]:
+    keys = ("seconds", "requests_per_second", "blocks_per_second", "microseconds_per_block")
+    return {k: r[k] for k in keys}

@@ -112,7 +112,7 @@ def test_retention(client: PolicyClient, scope: dict[str, Any]) -> None:
 
 def test_offload(client: PolicyClient, scope: dict[str, Any]) -> None:
     """offload follows the tiers of the classification."""
-    assert client.offload(scope, "cpu").allow
+    assert client.offload(scope, "host").allow
     assert not client.offload(scope, "disk").allow
 
 
@@ -170,7 +170,7 @@ def test_engine_error_fails_closed(scope: dict[str, Any]) -> None:
     g = c.share_groups(scope)
     assert (g.publish, g.read) == (None, ())
     assert c.retention(scope).ttl_seconds == 0
-    assert not c.offload(scope, "cpu").allow
+    assert not c.offload(scope, "host").allow
     assert c.classifications() == frozenset()
 
 
@@ -215,7 +215,7 @@ def test_wrong_shaped_admission_denies(scope: dict[str, Any], result: Any) -> No
 def test_wrong_shaped_sharing_and_offload_deny(scope: dict[str, Any], result: Any) -> None:
     """A wrong-shaped sharing or offload result denies with an error."""
     c = PolicyClient(FixedEngine(result=result))
-    s, o = c.sharing(scope, scope), c.offload(scope, "cpu")
+    s, o = c.sharing(scope, scope), c.offload(scope, "host")
     assert not s.allow and s.decision.error is not None
     assert not o.allow and o.decision.error is not None
 

@@ -29,7 +29,7 @@ POLICY_DATA: list[dict[str, Any] | None] = [
                     "acme": {"admission": False, "offload": False},
                     "globex": {"cache": False, "priority": 20, "max_tokens": 4096},
                 },
-                "offload_tiers": {"restricted": ["cpu"], "internal": ["cpu", "disk"]},
+                "offload_tiers": {"restricted": ["host"], "internal": ["host", "disk"]},
                 "share_groups": {
                     "docs": {
                         "publishers": ["acme"],
@@ -81,7 +81,9 @@ ODD_NUMBERS = st.sampled_from([0, 100, 101, -1, 2.5, 50.0, "12", None, True])
 TOKENS = st.one_of(st.sampled_from([1, 512, 4096, 5000]), ODD_NUMBERS)
 PRIORITY = st.one_of(st.none(), st.just(30), ODD_NUMBERS)
 ADMISSION = present(scope=scopes(), tokens=TOKENS, priority=PRIORITY)
-OFFLOAD = present(scope=scopes(), tier=st.sampled_from(["cpu", "disk", "gpu", "", None, 5]))
+OFFLOAD = present(
+    scope=scopes(), tier=st.sampled_from(["host", "disk", "redis", "cpu", "", None, 5])
+)
 
 
 @st.composite

@@ -1,41 +1,42 @@
-"""Retention, erasure and statistics of the governed cache: :class:`CacheAdmin`.
+"""The retention and erasure methods of the governed cache: :class:`CacheMaintenance`.
 
-The operator-facing half of :class:`~kvgov.govern.GovernedKVCache`'s API, kept in
-its own module; each method hands the cache's governor and live sequences to
-:mod:`kvgov.govern.erasure` (or the governor's stats).
+The class is spread over two modules, as the block pool is: this one holds
+what removes KV on the operator's word or the clock's (sweep, the sweeper,
+purge, invalidation, secret rotation), each a thin call into
+:mod:`kvgov.govern.erasure` with the cache's governor and running sequences;
+:mod:`kvgov.govern.cache` holds the rest.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvgov.exceptions import InvalidArgument
 
 from . import erasure
+from .governor import Governor
 from .results import ErasureReport, InvalidationReport
-from .stats import CacheStats
+from .sequence import LiveSeq
 from .sweeper import Sweeper, check_interval
 
-if TYPE_CHECKING:
-    from .governor import Governor
-    from .sequence import LiveSeq
-
-__all__ = ["CacheAdmin"]
+__all__ = ["CacheMaintenance"]
 
 
-class CacheAdmin:
-    """Retention, erasure, invalidation, rotation and stats; mixed into GovernedKVCache."""
+class CacheMaintenance:
+    """Sweep, purge, invalidate, rotate: see :class:`~kvgov.govern.GovernedKVCache`.
+
+    Not meant to be built on its own; the cache sets the attributes below.
+    """
 
     _gov: Governor
     _seqs: dict[str, LiveSeq]
     _sweeper: Sweeper | None
-    _orphans_recovered: int
 
     def sweep(self) -> int:
         """Evict and zeroize every cached block past its retention deadline.
 
+        Offload tiers are swept too: objects past their deadline are deleted.
+
         Returns:
-            How many blocks expired.
+            How many device blocks expired.
         """
         return erasure.sweep(self._gov)
 
@@ -54,7 +55,7 @@ class CacheAdmin:
             self._gov.check_open()
             if self._sweeper is not None:
                 raise InvalidArgument("interval", interval, "a sweeper already runs")
-            self._sweeper = Sweeper(self, interval)  # type: ignore[arg-type]
+            self._sweeper = Sweeper(self, interval)
             self._sweeper.start()
 
     def purge_tenant(self, tenant: str) -> ErasureReport:
@@ -64,17 +65,27 @@ class CacheAdmin:
         share groups) is evicted and zeroized now and read back to check it is
         zero; blocks still held by running sequences become unreachable by key
         and are zeroized at release; the tenant's running sequences will cache
-        nothing. New admissions for the tenant are refused while this runs. The
-        erasure event is written synchronously before this returns.
+        nothing. New admissions for the tenant are refused while this runs. With
+        offload tiers, the tenant is crypto-shredded: its data key is destroyed
+        first (every copy in every tier is unreadable from then on), then its
+        objects are deleted; the report and the erasure event name the destroyed
+        key ids and the deletions per tier. The erasure event is durable before
+        this returns, written after the cache lock is released.
 
         Args:
             tenant: the tenant.
 
         Returns:
-            The erasure evidence.
+            The erasure evidence: ``verified`` only when every block of the tenant
+            is zero now (none still held by a running sequence); ``evidence``
+            ``"stored"`` or ``"spooled"`` (the audit database did not answer in
+            time; the event is replayed into it later).
 
         Raises:
             InvalidScope: tenant is not a valid identifier.
+            KeyStoreUnavailable: the tenant's offload data key could not be
+                destroyed (the device blocks are zeroized, the attempt is audited);
+                call it again once the key store is back.
             AuditUnavailable: the erasure could not be audited (the blocks are
                 zeroized all the same).
         """
@@ -94,7 +105,8 @@ class CacheAdmin:
         """Drop every block keyed under a scope matching all the given fields.
 
         Run it after a weight, adapter, tokenizer or template update. Fields left
-        None match anything; at least one must be given.
+        None match anything; at least one must be given. Offload tiers lose the
+        objects of every matching scope this worker knows (see docs/offload.md).
 
         Returns:
             What was dropped.
@@ -120,6 +132,7 @@ class CacheAdmin:
         Cached blocks keyed with the old secret are evicted and zeroized; blocks
         of running sequences are unindexed and zeroized at release, and those
         sequences cache nothing more (their chains were derived with the old secret).
+        Every object of the offload tiers is deleted.
 
         Args:
             new_secret: at least 32 bytes.
@@ -131,14 +144,3 @@ class CacheAdmin:
             KeySecretError: the new secret is too short (nothing changed).
         """
         return erasure.rotate_secret(self._gov, new_secret, self._seqs.values())
-
-    def stats(self) -> CacheStats:
-        """A consistent snapshot of every counter, per tenant and in total.
-
-        Returns:
-            The counters, and blocks by state.
-        """
-        with self._gov.lock:
-            return self._gov.stats(
-                live_sequences=len(self._seqs), orphans_recovered=self._orphans_recovered
-            )
