@@ -69,27 +69,17 @@ class PoolErasure(PoolState):
                 raise PoolClosed()
             ids = list(block_ids)
             self._ids(ids)
-            meta = self._meta
-            count = meta.count
-            keys = meta.key
-            prio = meta.priority
-            evicted: list[int] = []
+            count = self._meta.count
+            keys = self._meta.key
             detached: list[int] = []
             for b in ids:
-                c = count[b]
-                if c == CACHED_CODE:
-                    self._queue.remove(b, prio[b])
-                    count[b] = FREE_CODE  # see _zeroize; a repeat of b is ignored
-                    evicted.append(b)
-                elif c > 0:
-                    k = keys[b]
-                    if k is not None:
-                        del self._index[k]
-                        keys[b] = None
-                        self._detached.add(b)
-                        detached.append(b)
-            if evicted:
-                self._drop_cached(evicted, reason)
+                k = keys[b]
+                if count[b] > 0 and k is not None:
+                    del self._index[k]
+                    keys[b] = None
+                    self._detached.add(b)
+                    detached.append(b)
+            evicted = self._evict_cached(ids, reason)
             return Revoked(evicted=tuple(evicted), detached=tuple(detached))
 
     def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
@@ -119,18 +109,22 @@ class PoolErasure(PoolState):
                 raise PoolClosed()
             ids = list(block_ids)
             self._ids(ids)
-            count = self._meta.count
-            prio = self._meta.priority
-            remove = self._queue.remove
-            out: list[int] = []
-            for b in ids:
-                if count[b] == CACHED_CODE:
-                    remove(b, prio[b])
-                    count[b] = FREE_CODE  # see _zeroize; a repeat of b is skipped
-                    out.append(b)
-            if out:
-                self._drop_cached(out, reason)
-            return out
+            return self._evict_cached(ids, reason)
+
+    def _evict_cached(self, ids: list[int], reason: str) -> list[int]:
+        """Take the CACHED blocks among ``ids`` out of the queue, drop and zeroize them."""
+        count = self._meta.count
+        prio = self._meta.priority
+        remove = self._queue.remove
+        out: list[int] = []
+        for b in ids:
+            if count[b] == CACHED_CODE:
+                remove(b, prio[b])
+                count[b] = FREE_CODE  # see _zeroize; a repeat of b is skipped
+                out.append(b)
+        if out:
+            self._drop_cached(out, reason)
+        return out
 
     def zeroize(self, block_ids: Iterable[int]) -> None:
         """Zeroize DIRTY or FREE blocks now (erasure evidence, or a retry after a failure).

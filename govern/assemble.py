@@ -21,7 +21,7 @@ from .keys import KeyDeriver, load_key_secret
 from .offload_config import OffloadConfig, open_offloading
 from .offloading import Offloading
 
-__all__ = ["GovernorParts", "open_parts"]
+__all__ = ["GovernorParts", "close_parts", "open_parts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +42,19 @@ class GovernorParts:
 
     def close(self) -> None:
         """Close the audit log, the policy client and the tiers (a failed build's clean-up)."""
+        close_parts(self.audit, self.policy, self.offload)
+
+
+def close_parts(audit: AuditLog, policy: PolicyClient, offload: Offloading | None) -> None:
+    """Close the audit log, then the policy client and the tiers, even if one raises."""
+    try:
+        audit.close()
+    finally:
         try:
-            self.audit.close()
+            policy.close()
         finally:
-            self.policy.close()
-            if self.offload is not None:
-                self.offload.close()
+            if offload is not None:
+                offload.close()
 
 
 def open_parts(

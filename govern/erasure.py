@@ -20,6 +20,7 @@ from typing import Any
 from kvgov.audit import AuditEvent, EventType
 from kvgov.exceptions import InvalidArgument, InvalidScope, KeyStoreUnavailable, ZeroizationError
 from kvgov.offload import ShredReport
+from kvgov.schema import SCOPE_FIELDS
 
 from .governor import Governor, LiveSequence, _log
 from .keys import KeyDeriver
@@ -29,16 +30,9 @@ from .scope import CacheScope
 
 __all__ = ["SCOPE_FILTERS", "invalidate", "purge_tenant", "rotate_secret", "sweep"]
 
-#: The scope fields :func:`invalidate` can filter on.
-SCOPE_FILTERS = (
-    "model",
-    "model_revision",
-    "adapter",
-    "adapter_revision",
-    "tokenizer",
-    "tokenizer_revision",
-    "template_version",
-)
+#: The scope fields :func:`invalidate` can filter on: what produced the KV (every
+#: scope field but who owns it and how it is labelled), in scope order.
+SCOPE_FILTERS = tuple(f for f in SCOPE_FIELDS if f not in ("tenant", "classification"))
 
 
 @contextmanager

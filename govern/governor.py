@@ -56,6 +56,7 @@ from kvgov.exceptions import (
 from kvgov.policy import AdmissionDecision, PolicyClient
 from kvgov.policy.client import CLASSIFICATIONS_PATH
 
+from .assemble import close_parts
 from .hits import HitFinder
 from .keys import KeyDeriver
 from .logs import get_logger
@@ -412,12 +413,7 @@ class Governor(HitFinder):
             if self.closed:
                 return
             self.closed = True
-            try:
-                self.audit.close()
-            finally:
-                self.policy.close()
-                if self.offload is not None:
-                    self.offload.close()
+            close_parts(self.audit, self.policy, self.offload)
 
     def _check_invariants(self) -> None:
         """Check the governor's invariants against the pool's states.

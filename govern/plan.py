@@ -113,8 +113,10 @@ def plan_keys(
     num_full, max_hit, num_blocks = _geometry(num_tokens, block_size)
     failed: list[Decision] = []
     root, read_roots, ttl = _namespaces_and_ttl(policy, views, view, failed)
+    plan = KeyPlan(num_tokens, num_full, num_blocks, max_hit, root, root, failed=failed)
     if ttl <= 0:  # nothing may be kept: key nothing
-        return KeyPlan(num_tokens, num_full, num_blocks, max_hit, root, root, failed=failed)
+        return plan
+    plan.read_roots, plan.ttl = read_roots, ttl
     derive = deriver.derive_chain
     prefix_blocks = min(public_prefix_tokens // block_size, num_full)
     if prefix_blocks:
@@ -122,44 +124,21 @@ def plan_keys(
         proot, prefix_read_roots, pttl = _namespaces_and_ttl(policy, views, pview, failed)
         if pttl > 0:
             prefix_keys = derive(proot, packed, pview.digest, block_size, prefix_blocks)
-            rest_parent = continuation_root(root, prefix_keys[-1])
+            plan.rest_parent = continuation_root(root, prefix_keys[-1])
             rest = derive(
-                rest_parent,
+                plan.rest_parent,
                 packed,
                 view.digest,
                 block_size,
                 num_full - prefix_blocks,
                 first=prefix_blocks,
             )
-            return KeyPlan(
-                num_tokens,
-                num_full,
-                num_blocks,
-                max_hit,
-                root,
-                rest_parent,
-                read_roots,
-                prefix_keys + rest,
-                prefix_blocks,
-                pview,
-                pttl,
-                ttl,
-                prefix_read_roots,
-                failed,
-            )
-    keys = derive(root, packed, view.digest, block_size, num_full)
-    return KeyPlan(
-        num_tokens,
-        num_full,
-        num_blocks,
-        max_hit,
-        root,
-        root,
-        read_roots,
-        keys,
-        ttl=ttl,
-        failed=failed,
-    )
+            plan.keys = prefix_keys + rest
+            plan.prefix_blocks, plan.prefix_view = prefix_blocks, pview
+            plan.prefix_ttl, plan.prefix_read_roots = pttl, prefix_read_roots
+            return plan
+    plan.keys = derive(root, packed, view.digest, block_size, num_full)
+    return plan
 
 
 def _namespaces_and_ttl(
