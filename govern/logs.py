@@ -99,9 +99,9 @@ class _Logger:
 _CONFIGURED: Final = structlog.get_logger("kvgov")
 #: Warnings and errors only, rendered by structlog's default processors (to stdout). A
 #: bound logger, not a lazy proxy: a proxy binds anew at every call.
-_QUIET: Final = structlog.make_filtering_bound_logger(logging.WARNING)(
-    structlog.PrintLogger(), structlog.get_config()["processors"], {}
-)
+_QUIET: Final = structlog.wrap_logger(
+    structlog.PrintLogger(), wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
+).bind()
 
 
 def get_logger() -> _Logger:
