@@ -108,14 +108,14 @@ def test_no_tier_left_stores_nothing_and_never_plaintext(
 def test_the_tier_is_used_again_after_redis_returns(
     setup: tuple[OffloadStore, OwnRedis, Spy], clock: FakeClock
 ) -> None:
-    """Once retry_seconds pass and Redis is back, puts reach it again, with a log line."""
+    """Once the skip (retry_seconds, jitter) passes and Redis is back, puts reach it again."""
     store, server, _spy = setup
     server.kill()
     store.offload(b"1" * 32, SCOPE, "acme", START + 60, SECRET)
     server.start()
     clock.advance(1)
     assert store.offload(b"2" * 32, SCOPE, "acme", START + 60, SECRET).stored_in == ("host",)
-    clock.advance(5)
+    clock.advance(6.5)  # the first skip is 5 s plus up to half as much again (jitter)
     with capture_logs() as logs:
         result = store.offload(b"3" * 32, SCOPE, "acme", START + 60, SECRET)
     assert result.stored_in == ("host", "redis")
