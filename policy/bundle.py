@@ -147,6 +147,12 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     Returns:
         A new dict; neither argument is changed.
     """
+    # Kept rather than deepmerge.Merger([(dict, ["merge"])], ["override"], ["override"]):
+    # deepmerge merges only dicts (it refuses a Mapping strategy), so policy_data given
+    # as another Mapping (a MappingProxyType, a frozen config) would silently replace a
+    # whole subtree of data.json instead of merging into it; and it changes its first
+    # argument in place, so every load would deep-copy data.json first. These ten
+    # lines do exactly the documented merge.
     out: dict[str, Any] = dict(base)
     for key, value in over.items():
         below = out.get(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -106,6 +107,13 @@ def test_deep_merge_does_not_mutate() -> None:
     over = {"a": {"c": [2], "e": 3}}
     assert deep_merge(base, over) == {"a": {"b": 1, "c": [2], "e": 3}, "d": 1}
     assert base == {"a": {"b": 1, "c": [1]}, "d": 1}
+
+
+def test_deep_merge_merges_any_mapping_not_only_dicts() -> None:
+    """A read-only mapping on top merges key by key (deepmerge would replace the subtree)."""
+    base = {"a": {"b": 1, "c": [2]}, "d": 1}
+    over = MappingProxyType({"a": MappingProxyType({"e": 3})})
+    assert deep_merge(base, over) == {"a": {"b": 1, "c": [2], "e": 3}, "d": 1}
 
 
 def test_policy_data_must_be_json(bundle_copy: Path) -> None:
