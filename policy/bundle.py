@@ -14,8 +14,9 @@ The bundle revision (byte layout of what is hashed)::
                 relpath UTF-8 || 0x00 || source UTF-8 || 0x00
             || "data.json" || 0x00 || canonical JSON of the merged data )
 
-shown as ``sha256:`` + the first 16 hex digits. Canonical JSON is ``json.dumps``
-with sorted keys, ``(",", ":")`` separators, ``ensure_ascii=False``. Where the
+shown as ``sha256:`` + the first 16 hex digits. Canonical JSON is RFC 8785
+(:func:`kvgov.canonical.canonical_json`; for the bundled data.json the same bytes as
+the ``json.dumps`` with sorted keys and compact separators used before it). Where the
 merged data has a top-level string ``revision`` (set it in data.json or
 policy_data), the revision is ``<revision>+sha256:<16 hex>``: the declared name is
 kept for people, the hash still changes whenever the content does, so a decision
@@ -34,6 +35,7 @@ from typing import Any
 
 import regorus
 
+from kvgov.canonical import canonical_json as jcs
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
 
 __all__ = [
@@ -119,7 +121,7 @@ class Bundle:
 
 
 def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value`` (sorted keys, compact, UTF-8).
+    """Return the canonical JSON text of ``value``: RFC 8785 (:mod:`kvgov.canonical`).
 
     Args:
         value: a JSON-shaped value.
@@ -129,11 +131,10 @@ def canonical_json(value: Any) -> str:
 
     Raises:
         TypeError: a value is not JSON-serialisable.
-        ValueError: a float is NaN or infinite.
+        ValueError: RFC 8785 has no form for a value (a NaN or infinite float, an
+            integer beyond +-(2**53 - 1)).
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return jcs(value)
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

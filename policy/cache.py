@@ -2,8 +2,8 @@
 
 Key: ``(rule path, input key, bundle revision)``. The input key is either
 
-* the **canonical JSON** of the input (sorted keys, compact; computed here, about
-  5 µs for a scope-shaped input), or
+* the **canonical JSON** of the input (RFC 8785, :mod:`kvgov.canonical`; computed
+  here, about 5 µs for a scope-shaped input), or
 * a **caller-supplied key** (``evaluate(path, input, key=...)``): any hashable value
   that determines the input exactly. :class:`~kvgov.policy.client.PolicyClient` passes
   the tuple of a scope's nine field values (each checked to be ``str`` or ``None``,

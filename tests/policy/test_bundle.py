@@ -142,3 +142,8 @@ def test_declared_revision_is_kept_with_the_hash(bundle_copy: Path) -> None:
     assert r1.startswith("2024-06-01+sha256:")
     r2 = load_bundle(bundle_copy, policy_data={"x": 1}, run_tests=False).revision
     assert r2.startswith("2024-06-01+sha256:") and r2 != r1
+
+
+def test_the_bundled_revision_did_not_move_with_rfc_8785() -> None:
+    """RFC 8785 writes the bundled data.json as json.dumps(sort_keys) did: same revision."""
+    assert load_bundle().revision.endswith("sha256:0da43e200e0817c6")
