@@ -35,6 +35,7 @@ from typing import Any
 
 import regorus
 
+from kvgov.canonical import CanonicalizationError
 from kvgov.canonical import canonical_json as jcs
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
 
@@ -131,10 +132,17 @@ def canonical_json(value: Any) -> str:
 
     Raises:
         TypeError: a value is not JSON-serialisable.
-        ValueError: RFC 8785 has no form for a value (a NaN or infinite float, an
-            integer beyond +-(2**53 - 1)).
+        ValueError: a float is NaN or infinite.
     """
-    return jcs(value)
+    try:
+        return jcs(value)
+    except CanonicalizationError:
+        # RFC 8785 has no form for integers beyond +-(2**53 - 1); policy data and inputs
+        # may hold them (OPA takes them), and a revision or a cache key needs only a
+        # deterministic text: such values keep the sorted compact json.dumps form.
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

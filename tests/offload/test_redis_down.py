@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from kvgov.offload import MissReason, OffloadStore, PutOutcome, RedisTier, SealedBlock, Tier
+from kvgov.offload import store as store_mod
 
 from .conftest import START, FakeClock, OwnRedis
 
@@ -44,11 +46,15 @@ class Spy:
 
 @pytest.fixture()
 def setup(
+    monkeypatch: pytest.MonkeyPatch,
     own_redis: OwnRedis,
     make_tier: Callable[..., Tier],
     make_store: Callable[..., OffloadStore],
 ) -> tuple[OffloadStore, OwnRedis, Spy]:
     """A store over host and a Redis tier on the test's own server (timeouts short)."""
+    # a fresh logger: one cached by an earlier test (configure_logging caches on first
+    # use) keeps that test's processors, and capture_logs would not see its events
+    monkeypatch.setattr(store_mod, "_log", structlog.get_logger("kvgov.offload"))
     redis_tier = Spy(RedisTier(own_redis.url, 1 << 20, prefix="kvgov-test", timeout=0.2))
     store = make_store([make_tier("host"), redis_tier], retry_seconds=5)
     return store, own_redis, redis_tier
