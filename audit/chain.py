@@ -62,6 +62,16 @@ CANONICAL_VERSION: Final = "kvgov-audit-1"
 #: The ``prev_hash`` of the first event of every stream.
 GENESIS_HASH: Final = ChainHash(bytes(32))
 
+# Not kvgov.canonical (RFC 8785) yet. The chain hashes these bytes, and RFC 8785 writes
+# some of them differently: non-ASCII and DEL as UTF-8 (here \uXXXX escapes), floats
+# outside 1e-4..1e16 in ECMAScript form (here Python's repr), keys with characters
+# above U+FFFF in UTF-16 order. Switching needs a chain format version so that events
+# written before keep verifying: a ``chain_format`` column (1 by server default for
+# rows already stored and for older writers, 2 for RFC 8785) added by an Alembic
+# revision, the tag "kvgov-audit-2" in place of CANONICAL_VERSION for those rows (so
+# the version is hashed and cannot be flipped), the sealer, spool and verifier picking
+# the encoding per row, and integers limited to +-(2**53 - 1) in format 2. Until then
+# this stays the one encoder of the chain's bytes (and of signed expected-stream lists).
 _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
 )

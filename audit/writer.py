@@ -87,6 +87,7 @@ from kvgov.defaults import (
     CHECKPOINT_SECONDS,
 )
 from kvgov.exceptions import AuditError, AuditUnavailable, InvalidAuditEvent
+from kvgov.retry import Backoff
 from kvgov.schema import TEXT_LIMITS, text_problem
 
 __all__ = ["AuditLog"]
@@ -95,9 +96,9 @@ _log = structlog.get_logger("kvgov.audit")
 
 #: Seconds the writer thread sleeps between drains when no batch is waiting.
 WRITER_INTERVAL_SECONDS: Final = 0.05
-#: Seconds after a database failure before the writer tries the database again
-#: (in between, events go straight to the spool).
-DB_RETRY_SECONDS: Final = 1.0
+#: Least seconds after a database failure before it is tried again (events are spooled
+#: meanwhile); doubled per failure in a row up to the max, plus jitter (kvgov.retry).
+DB_RETRY_SECONDS, DB_RETRY_MAX_SECONDS = 1.0, 30.0
 
 
 class AuditLog:
@@ -136,7 +137,7 @@ class AuditLog:
             go next to it.
         batch_size: events per database round trip.
         queue_size: events queued before ``record`` blocks the caller.
-        retry_seconds: seconds after a database failure before it is tried again.
+        retry_seconds: least seconds after a database failure before it is tried again.
         auto_upgrade: passed to :func:`kvgov.audit.store.open_engine`.
         critical_deadline: seconds a critical event (and ``flush``, without progress)
             waits for the database before it is spooled instead.
@@ -184,7 +185,6 @@ class AuditLog:
         self._clock = clock
         self._batch_size = batch_size
         self._queue_size = max(queue_size, batch_size)
-        self._retry_seconds = retry_seconds
         loaded = load_signing_key(signing_key)
         self._key = loaded if loaded is not None else SigningKey.ephemeral()
         path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
@@ -212,7 +212,7 @@ class AuditLog:
         self._stop = False
         self._closed = False
         self._keeper_stop = threading.Event()
-        self._db_retry_at = 0.0
+        self._db_backoff = Backoff(retry_seconds, DB_RETRY_MAX_SECONDS)
         self._db_since: float | None = None  # monotonic start of the call in flight
         self._db_error: str | None = None
         self._persists = 0  # persist attempts finished (flush waits for a new one)
@@ -359,7 +359,7 @@ class AuditLog:
             target = self._next_seq - 1
         with self._cv:
             begun = self._persists
-            self._db_retry_at = 0.0  # an explicit flush tries the database now
+            self._db_backoff.retry_now()  # an explicit flush tries the database now
             self._wake.set()
             why = self._wait_locked(
                 lambda: (
@@ -389,7 +389,7 @@ class AuditLog:
             self._closed = True
         atexit.unregister(self._atexit)
         self._stop = True
-        self._db_retry_at = 0.0  # the final pass tries the database once more
+        self._db_backoff.retry_now()  # the final pass tries the database once more
         self._wake.set()
         with self._cv:
             why = self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
@@ -558,15 +558,16 @@ class AuditLog:
         refusals: list[Refusal] | None = None
         replay: SpoolContents | None = None
         now = time.monotonic()
-        if now >= self._db_retry_at:
+        if self._db_backoff.ready(now):
             with self._cv:  # waiters re-time their wait: this call may hang
                 self._db_since = now
                 self._cv.notify_all()
             try:
                 replay = self._out.spool.read() if snap.replay else None
                 refusals = store_records(self._engine, self._stream, replay, snap.records)
+                self._db_backoff.succeeded()
             except Exception as exc:  # unreachable, timed out, no schema, no permission
-                self._db_retry_at = time.monotonic() + self._retry_seconds
+                self._db_backoff.failed()
                 self._db_error = f"database: {first_line(exc)}"
                 _log.warning("audit database write failed; spooling", error=str(exc))
             finally:

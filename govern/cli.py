@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,39 +17,21 @@ from kvgov.allocator.sizing import capacity
 from kvgov.allocator.spec import parse_dtype
 from kvgov.audit.cli import audit_group, db_group
 from kvgov.audit.cli_errors import ErrorsToExitCodes
+from kvgov.exceptions import InvalidArgument
 from kvgov.policy.cli import policy_group
 
 from .logs import configure_logging
 from .policy_replay import replay_command as policy_replay_command
+from .sizes import parse_size
 
 __all__ = ["main"]
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 10**3,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 10**6,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 10**9,
-    "t": 2**40,
-    "tib": 2**40,
-    "tb": 10**12,
-}
-
 
 def _parse_bytes(text: str) -> int:
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise click.BadParameter(f"{text!r}: give a size such as 40GiB, 512MiB or 1073741824")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise click.BadParameter(f"{text!r}: the memory budget must be positive")
-    return int(value)
+    try:
+        return parse_size(text, name="--memory")
+    except InvalidArgument as exc:
+        raise click.BadParameter(f"{text!r}: {exc.reason}") from None
 
 
 @click.group(cls=ErrorsToExitCodes)

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any, Final
 
 import structlog
 
@@ -58,43 +59,49 @@ def configure_logging(level: str | None = None, *, json: bool | None = None) -> 
             cache_logger_on_first_use=True,
         )
         _configured = True
-        _state.level = numeric
 
 
 class _Logger:
-    """kvgov's logger: level checks first, so a disabled level costs one attribute read.
+    """kvgov's logger: structlog's, or (until structlog is configured) structlog's at warning.
 
-    Until :func:`configure_logging` runs (or the host configures structlog
-    itself), only warnings and errors are emitted: an embedded library must not
-    flood its host's output, nor pay for formatting on the hot path.
+    Why not a bare ``structlog.get_logger("kvgov")``: unconfigured, structlog prints every
+    level to stdout, so an embedding service that never configured it would get a debug
+    line per admission on its output (and pay for rendering it on the hot path); and a
+    library must not configure structlog on import. So until :func:`configure_logging`
+    runs (or the host configures structlog), debug and info are dropped here (one
+    ``is_configured`` call, 0.5 us a call on the admission path) and warnings go to a
+    structlog logger filtered at warning; after, every call goes to
+    ``structlog.get_logger("kvgov")``, which the configuration filters and renders.
     """
 
     __slots__ = ()
 
-    def _emit(self, level: int, event: str, kw: dict[str, object]) -> None:
-        if level >= _state.level or structlog.is_configured():
-            getattr(structlog.get_logger("kvgov"), logging.getLevelName(level).lower())(event, **kw)
-
-    def debug(self, event: str, **kw: object) -> None:
+    def debug(self, event: str, **kw: Any) -> None:
         """An event per governed action."""
-        if _state.level <= logging.DEBUG or structlog.is_configured():
-            self._emit(logging.DEBUG, event, kw)
+        if structlog.is_configured():
+            _CONFIGURED.debug(event, **kw)
 
-    def info(self, event: str, **kw: object) -> None:
+    def info(self, event: str, **kw: Any) -> None:
         """Decisions and erasures."""
-        if _state.level <= logging.INFO or structlog.is_configured():
-            self._emit(logging.INFO, event, kw)
+        if structlog.is_configured():
+            _CONFIGURED.info(event, **kw)
 
-    def warning(self, event: str, **kw: object) -> None:
+    def warning(self, event: str, **kw: Any) -> None:
         """Something an operator should look at."""
-        self._emit(logging.WARNING, event, kw)
+        (_CONFIGURED if structlog.is_configured() else _QUIET).warning(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        """Something failed."""
+        (_CONFIGURED if structlog.is_configured() else _QUIET).error(event, **kw)
 
 
-class _State:
-    level = logging.WARNING
-
-
-_state = _State()
+#: Follows the structlog configuration in force (kvgov's or the host's).
+_CONFIGURED: Final = structlog.get_logger("kvgov")
+#: Warnings and errors only, rendered by structlog's default processors (to stdout). A
+#: bound logger, not a lazy proxy: a proxy binds anew at every call.
+_QUIET: Final = structlog.wrap_logger(
+    structlog.PrintLogger(), wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
+).bind()
 
 
 def get_logger() -> _Logger:

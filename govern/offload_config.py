@@ -21,7 +21,8 @@ for tests and experts). Tier URLs:
 ``[&timeout=0.5]``                                 redis-py as they are
 =================================================  ======================================
 
-``SIZE`` is bytes or a number with a unit (``512MiB``, ``8GiB``, ``1.5GB``). A tier's
+``SIZE`` is bytes or a number with a unit (``512MiB``, ``8GiB``, ``1.5GB``; see
+:func:`~kvgov.govern.sizes.parse_size`). A tier's
 name is what the offload policy is asked about (``data.kvgov.config.offload_tiers``
 lists names per classification) and is bound into every object it stores: workers
 sharing a Redis tier must give it the same name and prefix.
@@ -29,7 +30,6 @@ sharing a Redis tier must give it the same name and prefix.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -49,21 +49,10 @@ from kvgov.offload import (
 )
 
 from .offloading import Offloading
+from .sizes import parse_size
 
 __all__ = ["OffloadConfig", "open_offloading", "parse_size", "parse_tier_url"]
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 2**10,
-    "kb": 10**3,
-    "mib": 2**20,
-    "mb": 10**6,
-    "gib": 2**30,
-    "gb": 10**9,
-    "tib": 2**40,
-    "tb": 10**12,
-}
 _FLAGS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -94,21 +83,6 @@ class OffloadConfig:
                 "tiers", self.tiers, "a non-empty list of tier URLs or tiers, fastest first"
             )
         object.__setattr__(self, "tiers", tuple(self.tiers))
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"8GiB"``, ``"512MiB"``, ``"1.5GB"`` or ``"1073741824"``.
-
-    Raises:
-        InvalidArgument: not a positive size.
-    """
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise InvalidArgument("capacity", text, "a size such as 8GiB, 512MiB or 1073741824")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise InvalidArgument("capacity", text, "must be positive")
-    return value
 
 
 def _flag(name: str, value: str) -> bool:

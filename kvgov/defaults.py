@@ -93,8 +93,11 @@ KEK_FILE_ENV: Final = "KVGOV_KEK_FILE"
 #: a key another worker has just destroyed.
 DATA_KEY_RECHECK_SECONDS: Final = 5.0
 #: Seconds an offload tier that failed (Redis down, disk full) is skipped before the
-#: store tries it again.
+#: store tries it again, at least: each failure in a row doubles the skip, up to
+#: ``TIER_RETRY_MAX_SECONDS``, plus up to half as much again at random (kvgov.retry).
 TIER_RETRY_SECONDS: Final = 5.0
+#: The longest skip of a failed offload tier, before jitter.
+TIER_RETRY_MAX_SECONDS: Final = 60.0
 #: Replay floors (per tier and block key) an offload store keeps before dropping the
 #: oldest; each costs about 210 bytes besides its block key (55 MB in all).
 REPLAY_FLOOR_ENTRIES: Final = 1 << 18

@@ -19,9 +19,10 @@
       a refused object is reported and (unless MISBOUND) deleted; the next tier is tried
 
 A tier that fails (Redis down, disk full) raises ``TierUnavailable``: the store logs
-it once, counts it, skips the tier for ``retry_seconds`` and carries on with the
-others (or none). It never stores plaintext in place of ciphertext: sealing happens
-before any tier is called, and a tier only ever receives sealed blocks.
+it once, counts it, skips the tier for ``retry_seconds`` (longer after failures in a
+row: exponential backoff with jitter) and carries on with the others (or none). It
+never stores plaintext in place of ciphertext: sealing happens before any tier is
+called, and a tier only ever receives sealed blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from kvgov.defaults import DATA_KEY_RECHECK_SECONDS, TIER_RETRY_SECONDS
+from kvgov.defaults import DATA_KEY_RECHECK_SECONDS, TIER_RETRY_MAX_SECONDS, TIER_RETRY_SECONDS
 from kvgov.exceptions import (
     InvalidOffloadArgument,
     KeyStoreUnavailable,
@@ -47,6 +48,7 @@ from kvgov.exceptions import (
     TierUnavailable,
     UnknownTier,
 )
+from kvgov.retry import Backoff
 
 from .crypto import open_sealed, seal
 from .keys import DataKeyRing, KeyProvider, WrappedKeyStore
@@ -84,8 +86,9 @@ class _TierState:
     """One tier's health and counters; changed under the store's lock only."""
 
     tier: Tier
-    #: clock() before which the tier is skipped; None while it is healthy.
-    down_until: float | None = None
+    #: When the tier is tried again after failures in a row (kvgov.retry: exponential
+    #: backoff with jitter, on the store's clock); ``failures == 0`` while it is healthy.
+    backoff: Backoff
     puts: int = 0
     put_bytes: int = 0
     hits: int = 0
@@ -124,7 +127,10 @@ class OffloadStore:
         key_store: where wrapped data keys live (``kvgov.audit.SqlWrappedKeyStore``).
         kek: the key-encryption key (``LocalKEK.from_env()``, or a KMS provider).
         clock: seconds since the epoch; deadlines and ``sweep`` read it.
-        retry_seconds: how long a failed tier is skipped before it is tried again.
+        retry_seconds: how long a failed tier is skipped before it is tried again, at
+            least; doubled per failure in a row up to ``retry_max_seconds``, plus up to
+            half as much again at random (:class:`kvgov.retry.Backoff`).
+        retry_max_seconds: the longest skip before jitter.
         key_recheck_seconds: how long an unwrapped data key is trusted before its state
             is read again (the delay before a shred on another worker takes effect here).
 
@@ -140,6 +146,7 @@ class OffloadStore:
         *,
         clock: Callable[[], float] = time.time,
         retry_seconds: float = TIER_RETRY_SECONDS,
+        retry_max_seconds: float = TIER_RETRY_MAX_SECONDS,
         key_recheck_seconds: float = DATA_KEY_RECHECK_SECONDS,
     ) -> None:
         names = [t.name for t in tiers]
@@ -147,10 +154,12 @@ class OffloadStore:
             raise InvalidOffloadArgument("tiers", [], "give at least one tier")
         if len(set(names)) != len(names):
             raise InvalidOffloadArgument("tiers", names, "tier names must differ")
-        self._states = {t.name: _TierState(t) for t in tiers}
+        self._states = {
+            t.name: _TierState(t, Backoff(retry_seconds, retry_max_seconds, clock=clock))
+            for t in tiers
+        }
         self._keys = DataKeyRing(key_store, kek, clock=clock, recheck_seconds=key_recheck_seconds)
         self._clock = clock
-        self._retry = retry_seconds
         self._floor = ReplayFloor()
         self._lock = threading.Lock()
         self._last_written_us = 0
@@ -164,31 +173,31 @@ class OffloadStore:
 
     def _usable(self, st: _TierState, now: float) -> bool:
         with self._lock:
-            if st.down_until is None or now >= st.down_until:
+            if st.backoff.ready(now):
                 return True
             st.unavailable += 1
             return False
 
     def _failed(self, st: _TierState, exc: TierUnavailable | KeyStoreUnavailable) -> None:
         with self._lock:
-            first = st.down_until is None
-            st.down_until = self._clock() + self._retry
+            first = st.backoff.failures == 0
+            wait = st.backoff.failed()
             st.unavailable += 1
-            up = [n for n, s in self._states.items() if s.down_until is None]
+            up = [n for n, s in self._states.items() if s.backoff.failures == 0]
         if first:
             _log.warning(
                 "offload tier unavailable",
                 tier=st.tier.name,
                 reason=str(exc),
-                retry_in_s=self._retry,
+                retry_in_s=round(wait, 3),
                 continuing_with=up,
             )
 
     def _ok(self, st: _TierState) -> None:
-        if st.down_until is None:
+        if st.backoff.failures == 0:
             return
         with self._lock:
-            st.down_until = None
+            st.backoff.succeeded()
         _log.warning("offload tier available again", tier=st.tier.name)
 
     # ------------------------------------------------------------------ offload
@@ -527,7 +536,7 @@ class OffloadStore:
         out = {}
         for name, st in self._states.items():
             usage = None
-            if st.down_until is None or now >= st.down_until:
+            if st.backoff.ready(now):
                 try:
                     usage = st.tier.usage()
                 except TierUnavailable as exc:
@@ -538,7 +547,7 @@ class OffloadStore:
                     capacity_bytes=st.tier.capacity_bytes,
                     stored_bytes=None if usage is None else usage.stored_bytes,
                     stored_blocks=None if usage is None else usage.stored_blocks,
-                    available=st.down_until is None,
+                    available=st.backoff.failures == 0,
                     puts=st.puts,
                     put_bytes=st.put_bytes,
                     hits=st.hits,

@@ -14,8 +14,9 @@ The bundle revision (byte layout of what is hashed)::
                 relpath UTF-8 || 0x00 || source UTF-8 || 0x00
             || "data.json" || 0x00 || canonical JSON of the merged data )
 
-shown as ``sha256:`` + the first 16 hex digits. Canonical JSON is ``json.dumps``
-with sorted keys, ``(",", ":")`` separators, ``ensure_ascii=False``. Where the
+shown as ``sha256:`` + the first 16 hex digits. Canonical JSON is RFC 8785
+(:func:`kvgov.canonical.canonical_json`; for the bundled data.json the same bytes as
+the ``json.dumps`` with sorted keys and compact separators used before it). Where the
 merged data has a top-level string ``revision`` (set it in data.json or
 policy_data), the revision is ``<revision>+sha256:<16 hex>``: the declared name is
 kept for people, the hash still changes whenever the content does, so a decision
@@ -34,6 +35,8 @@ from typing import Any
 
 import regorus
 
+from kvgov.canonical import CanonicalizationError
+from kvgov.canonical import canonical_json as jcs
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
 
 __all__ = [
@@ -119,7 +122,7 @@ class Bundle:
 
 
 def canonical_json(value: Any) -> str:
-    """Return the canonical JSON text of ``value`` (sorted keys, compact, UTF-8).
+    """Return the canonical JSON text of ``value``: RFC 8785 (:mod:`kvgov.canonical`).
 
     Args:
         value: a JSON-shaped value.
@@ -131,9 +134,15 @@ def canonical_json(value: Any) -> str:
         TypeError: a value is not JSON-serialisable.
         ValueError: a float is NaN or infinite.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    try:
+        return jcs(value)
+    except CanonicalizationError:
+        # RFC 8785 has no form for integers beyond +-(2**53 - 1); policy data and inputs
+        # may hold them (OPA takes them), and a revision or a cache key needs only a
+        # deterministic text: such values keep the sorted compact json.dumps form.
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,6 +156,12 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     Returns:
         A new dict; neither argument is changed.
     """
+    # Kept rather than deepmerge.Merger([(dict, ["merge"])], ["override"], ["override"]):
+    # deepmerge merges only dicts (it refuses a Mapping strategy), so policy_data given
+    # as another Mapping (a MappingProxyType, a frozen config) would silently replace a
+    # whole subtree of data.json instead of merging into it; and it changes its first
+    # argument in place, so every load would deep-copy data.json first. These ten
+    # lines do exactly the documented merge.
     out: dict[str, Any] = dict(base)
     for key, value in over.items():
         below = out.get(key)

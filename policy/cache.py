@@ -2,8 +2,8 @@
 
 Key: ``(rule path, input key, bundle revision)``. The input key is either
 
-* the **canonical JSON** of the input (sorted keys, compact; computed here, about
-  5 µs for a scope-shaped input), or
+* the **canonical JSON** of the input (RFC 8785, :mod:`kvgov.canonical`; computed
+  here, about 5 µs for a scope-shaped input), or
 * a **caller-supplied key** (``evaluate(path, input, key=...)``): any hashable value
   that determines the input exactly. :class:`~kvgov.policy.client.PolicyClient` passes
   the tuple of a scope's nine field values (each checked to be ``str`` or ``None``,
@@ -104,6 +104,11 @@ class CachedEngine:
             raise ValueError(f"maxsize must be >= 0, got {maxsize}")
         self._engine = engine
         self._maxsize = maxsize
+        # Kept rather than cachetools.LRUCache: its hit is Python code (__getitem__ and a
+        # move in a second OrderedDict), 0.68 us under this lock against 0.40 us for
+        # OrderedDict.get + move_to_end, both C; a cached decision has 2 us in all
+        # (benchmarks/bench_policy.py). Nothing else of cachetools is needed here (the
+        # lock, the revision in the key and the kept views are this class's own).
         self._lru: OrderedDict[tuple[str, Hashable, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0

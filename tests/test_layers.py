@@ -2,7 +2,8 @@
 
 The rule of DESIGN.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
 ``kvgov.audit`` and ``kvgov.offload`` import only themselves and the shared modules of
-``kvgov`` (exceptions, defaults, schema); only ``kvgov.govern`` may import the other layers.
+``kvgov`` (exceptions, defaults, schema, retry, canonical); only ``kvgov.govern`` may
+import the other layers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-SHARED = {"kvgov", "kvgov.exceptions", "kvgov.defaults", "kvgov.schema"}
+SHARED = {
+    "kvgov",
+    "kvgov.exceptions",
+    "kvgov.defaults",
+    "kvgov.schema",
+    "kvgov.retry",
+    "kvgov.canonical",
+}
 LOWER = ("allocator", "policy", "audit", "offload")
 
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import sqlite3
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
 from kvgov.audit import store as store_mod
+from kvgov.audit import writer as writer_mod
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 from kvgov.audit.persist import insert_sqlite
 from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
+from kvgov.retry import Backoff
 from tests.faults.conftest import ProxiedPg
 
 from .conftest import FixedClock, sample_event, scalar
@@ -184,6 +188,52 @@ def test_leftover_spool_replays_on_restart(
         assert log2.record(sample_event(9)) == "w1:7"
     assert not spool.exists()
     assert _count(sqlite_url) == 7 and verify(sqlite_url).ok
+
+
+class _NotedBackoff(Backoff):
+    """The writer's Backoff, noting each wait it chose (for the test below)."""
+
+    waits: ClassVar[list[float]] = []
+
+    def failed(self) -> float:
+        wait = super().failed()
+        self.waits.append(wait)
+        return wait
+
+
+def test_database_retries_back_off_while_it_stays_down(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failure in a row doubles the wait (1, 2, 4 s without jitter); a success resets it."""
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(writer_mod, "Backoff", _NotedBackoff)
+    monkeypatch.setattr(random, "uniform", lambda a, b: a)
+    monkeypatch.setattr(_NotedBackoff, "waits", [])
+    log = AuditLog(sqlite_url, "w1", spool_path=tmp_path / "s.jsonl", retry_seconds=1.0)
+    log.record(sample_event(0))
+    log.flush()
+    engine, conn = _lock_sqlite(sqlite_url)
+    try:
+        for i in range(3):
+            log.record(sample_event(i))
+            log.flush()  # tries the database at once, fails, spools
+    finally:
+        conn.rollback()  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+        engine.dispose()  # type: ignore[attr-defined]
+    assert _NotedBackoff.waits == [1.0, 2.0, 4.0]
+    log.flush()  # the database answers: spool replayed, the count starts over
+    engine, conn = _lock_sqlite(sqlite_url)
+    try:
+        log.record(sample_event(9))
+        log.flush()
+    finally:
+        conn.rollback()  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+        engine.dispose()  # type: ignore[attr-defined]
+    assert _NotedBackoff.waits == [1.0, 2.0, 4.0, 1.0]
+    log.close()
+    assert verify(sqlite_url).ok
 
 
 def test_no_database_and_no_spool_raises(

@@ -73,6 +73,33 @@ def test_sizes_take_binary_and_decimal_units() -> None:
     assert parse_size("4096") == 4096
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1k", 1000), ("1KiB", 1024), ("2 tib", 2 << 40), (" 8GiB ", 8 << 30), (".5GiB", 1 << 29)],
+)
+def test_sizes_follow_pydantic_bytesize(text: str, expected: int) -> None:
+    """Units in any case, K/M/G alone are decimal, a fraction is rounded down to bytes."""
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("8GiBx", "a size such as"),  # humanfriendly would read this as 8 GB
+        ("8GiB foo", "a size such as"),  # ByteSize alone would read this as 8 GiB
+        ("-1GiB", "a size such as"),
+        ("1e3", "a size such as"),
+        ("", "a size such as"),
+        ("0", "must be positive"),
+        ("1bit", "must be positive"),  # an eighth of a byte
+    ],
+)
+def test_sizes_refuse_typos_and_non_positive_values(text: str, message: str) -> None:
+    """A unit that is not one, trailing words, a sign or an exponent: refused, naming what is."""
+    with pytest.raises(InvalidArgument, match=message):
+        parse_size(text)
+
+
 def test_a_config_needs_tiers() -> None:
     """An empty list, or a lone URL string instead of a list, is refused."""
     for tiers in ([], "host://?capacity=1MiB"):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from kvgov.exceptions import InvalidOffloadArgument, UnknownTier
-from kvgov.offload import MissReason, OffloadStore, PutOutcome, Tier
+from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable, UnknownTier
+from kvgov.offload import HostMemoryTier, MissReason, OffloadStore, PutOutcome, SealedBlock, Tier
 
 from .conftest import START, FakeClock, MemoryKeyStore
 
@@ -161,3 +162,58 @@ def test_stats_count_puts_hits_and_misses(local: OffloadStore) -> None:
     assert (host.puts, host.hits, host.misses, host.stored_blocks) == (1, 1, 1, 1)
     assert (disk.puts, disk.hits, disk.misses) == (1, 0, 1)
     assert host.put_bytes == host.stored_bytes and host.available and host.refusals == {}
+
+
+class _Flaky(HostMemoryTier):
+    """A host tier whose puts fail while ``down`` is set; it notes when it was tried."""
+
+    down = False
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(1 << 20, name="flaky")
+        self.clock = clock
+        self.tried: list[float] = []
+
+    def put(self, obj: SealedBlock, now_us: int) -> list[object]:
+        self.tried.append(self.clock.now)
+        if self.down:
+            raise TierUnavailable(self.name, "switched off by the test")
+        return super().put(obj, now_us)  # type: ignore[return-value]
+
+
+def test_a_failing_tier_is_skipped_longer_after_each_failure_in_a_row(
+    make_store: Callable[..., OffloadStore], clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tries 5, 10, 20, 40, 60 s apart (no jitter drawn) while it fails; 5 s after a success."""
+    monkeypatch.setattr(random, "uniform", lambda a, b: a)
+    flaky = _Flaky(clock)
+    store = make_store([flaky], retry_seconds=5, retry_max_seconds=60)
+
+    def put() -> PutOutcome:
+        result = store.offload(b"k" * 32, b"s" * 32, "acme", clock.now + 600, b"kv" * 64)
+        return result.puts[0].outcome
+
+    flaky.down = True
+    while len(flaky.tried) < 6:
+        assert put() is PutOutcome.UNAVAILABLE
+        assert not store.stats().tiers["flaky"].available
+        clock.advance(0.5)
+    start = flaky.tried[0]
+    assert [b - a for a, b in zip(flaky.tried, flaky.tried[1:], strict=False)] == [
+        5,
+        10,
+        20,
+        40,
+        60,
+    ]
+    assert start == START
+    flaky.down = False
+    clock.advance(60)
+    assert put() is PutOutcome.STORED and store.stats().tiers["flaky"].available
+    flaky.down = True
+    assert put() is PutOutcome.UNAVAILABLE
+    clock.advance(4.5)
+    flaky.down = False
+    assert put() is PutOutcome.UNAVAILABLE  # skipped: 5 s have not passed
+    clock.advance(0.5)
+    assert put() is PutOutcome.STORED

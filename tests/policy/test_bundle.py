@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -108,6 +109,13 @@ def test_deep_merge_does_not_mutate() -> None:
     assert base == {"a": {"b": 1, "c": [1]}, "d": 1}
 
 
+def test_deep_merge_merges_any_mapping_not_only_dicts() -> None:
+    """A read-only mapping on top merges key by key (deepmerge would replace the subtree)."""
+    base = {"a": {"b": 1, "c": [2]}, "d": 1}
+    over = MappingProxyType({"a": MappingProxyType({"e": 3})})
+    assert deep_merge(base, over) == {"a": {"b": 1, "c": [2], "e": 3}, "d": 1}
+
+
 def test_policy_data_must_be_json(bundle_copy: Path) -> None:
     """policy_data that is not JSON-serialisable is refused."""
     with pytest.raises(PolicyLoadError, match="JSON"):
@@ -134,3 +142,8 @@ def test_declared_revision_is_kept_with_the_hash(bundle_copy: Path) -> None:
     assert r1.startswith("2024-06-01+sha256:")
     r2 = load_bundle(bundle_copy, policy_data={"x": 1}, run_tests=False).revision
     assert r2.startswith("2024-06-01+sha256:") and r2 != r1
+
+
+def test_the_bundled_revision_did_not_move_with_rfc_8785() -> None:
+    """RFC 8785 writes the bundled data.json as json.dumps(sort_keys) did: same revision."""
+    assert load_bundle().revision.endswith("sha256:0da43e200e0817c6")
