@@ -52,9 +52,10 @@ from kvgov.exceptions import (
     PoolClosed,
     TenantPurging,
 )
-from kvgov.policy import AdmissionDecision, Decision, PolicyClient, SharingDecision
+from kvgov.policy import AdmissionDecision, PolicyClient
 from kvgov.policy.client import CLASSIFICATIONS_PATH
 
+from . import sharing
 from .keys import KeyDeriver
 from .logs import get_logger
 from .ownership import Owners
@@ -62,7 +63,6 @@ from .plan import KeyPlan, plan_keys, unkeyed_plan
 from .protocol import GovernedPool
 from .retention import Deadlines
 from .scope import CacheScope
-from .sharing import judge_hits
 from .stats import CacheStats, _TenantCounters, snapshot
 from .views import ScopeView, ScopeViews
 
@@ -479,77 +479,13 @@ class Governor:
     ) -> int:
         """How many leading hit blocks the sharing policy lets the requester use; audits.
 
+        Judges, then audits the reuse of the blocks kept (:mod:`kvgov.govern.sharing`).
         Gives nothing back itself: :meth:`find_hits` frees the blocks past the cut,
         or every hit block if this raises.
         """
-        requester = view.scope.tenant
-        groups = self.owners.group(hit_ids)
-        keep = len(hit_ids)
-        granted: dict[tuple[CacheScope, CacheScope], Decision] = {}
-        if not all(o is not None and o.tenant == requester for o, _ in groups):
-            verdict = judge_hits(
-                self.policy,
-                lambda owner: self.views.view(owner, admitted=True),
-                self.owners.table,
-                view,
-                hit_ids,
-                prefix_view,
-                prefix_blocks,
-            )
-            keep, granted = verdict.keep, verdict.granted
-            if keep < len(hit_ids):
-                groups = self.owners.group(hit_ids[:keep])
-            if verdict.denied is not None:
-                self._record_share_denied(requester, seq_id, *verdict.denied)
-        counters = self.counters[requester]
-        reused = self.block_size
-        for owner, ids in groups:
-            if owner is None:  # pragma: no cover - excluded by judge_hits
-                continue
-            fields = {
-                **self.views.view(owner, admitted=True).fields,
-                "requester_tenant": requester,
-            }
-            if owner.tenant == requester:
-                self.audit.record(
-                    AuditEvent(
-                        type=EventType.REUSE,
-                        **fields,
-                        sequence_id=seq_id,
-                        block_ids=tuple(ids),
-                        reused_tokens=len(ids) * reused,
-                    )
-                )
-                continue
-            counters.cross_tenant_reuses += 1
-            decision = next(d for (_, o), d in granted.items() if o == owner)
-            self.audit.record(
-                AuditEvent(
-                    type=EventType.CROSS_TENANT_REUSE,
-                    **fields,
-                    sequence_id=seq_id,
-                    block_ids=tuple(ids),
-                    reused_tokens=len(ids) * reused,
-                    decision_id=decision.decision_id,
-                    policy_revision=decision.bundle_revision,
-                )
-            )
-        return keep
-
-    def _record_share_denied(
-        self, requester: str, seq_id: str, owner: CacheScope, share: SharingDecision
-    ) -> None:
-        self.counters[requester].cross_tenant_denied += 1
-        self.audit.record(
-            AuditEvent(
-                type=EventType.SHARE_DENIED,
-                **{**self.views.view(owner, admitted=True).fields, "requester_tenant": requester},
-                sequence_id=seq_id,
-                decision_id=share.decision.decision_id,
-                policy_revision=share.decision.bundle_revision,
-                details={"reason": share.reason},
-            )
-        )
+        verdict = sharing.judge(self, view, hit_ids, seq_id, prefix_view, prefix_blocks)
+        sharing.audit_reuse(self, view, hit_ids[: verdict.keep], seq_id, verdict.granted)
+        return verdict.keep
 
     # ------------------------------------------------------------------ observation and life
 
