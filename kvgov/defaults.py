@@ -93,5 +93,8 @@ MIN_SCOPE_TOKEN_KEY_BYTES: Final = 32
 #: Longest a scope token may still be valid for when it arrives, in seconds: a token
 #: expiring further ahead is refused, which bounds how long a leaked token can be replayed.
 SCOPE_TOKEN_MAX_TTL_SECONDS: Final = 300.0
+#: Longest a "done" zeroization of the vLLM binding waits, in seconds, to be written
+#: together with later ones (it is written at once when the engine goes idle).
+ZEROIZATION_DONE_FLUSH_SECONDS: Final = 1.0
 #: The revision recorded for a model, tokenizer or adapter the engine names without one.
 UNVERSIONED: Final = "unversioned"

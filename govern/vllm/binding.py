@@ -13,8 +13,7 @@ here at each point of a request's life::
                                   CROSS_TENANT_REUSE from the hit vLLM committed
       vLLM caches      (pool)     retention of newly cached blocks (_keyed)
       output built     zero_orders  the ids that left an owner, for this step's workers
-    update_from_output step_returned  "done" for the zeroing that step carried
-    request freed      released   RELEASE / LIFECYCLE event
+    update_from_output step_returned  "done" for the zeroing that step carried (coalesced)
 
 Erasure (``purge_tenant``, ``invalidate``, ``sweep``, ``rotate_secret``) goes
 through :mod:`kvgov.govern.erasure`, whose pool calls reach vLLM's
@@ -34,10 +33,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from kvgov.audit import AuditEvent, EventType
+from kvgov.defaults import ZEROIZATION_DONE_FLUSH_SECONDS
 from kvgov.exceptions import (
     AuditUnavailable,
     BindingConfigError,
@@ -64,7 +63,6 @@ __all__ = ["SCOPE_PATH", "VllmGovernance"]
 
 #: The ``details.path`` of refusals the binding decides itself (no or bad scope, bad token).
 SCOPE_PATH = "kvgov.vllm/scope"
-_RELEASED = frozenset({"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"})
 
 
 class VllmGovernance:
@@ -94,6 +92,10 @@ class VllmGovernance:
         self.block_size = block_size
         # zero lists handed to steps, by id(list): (list, owners at ordering)
         self._inflight: dict[int, tuple[list[int], list[Any]]] = {}
+        # zeroing done but not yet written (step_returned): by id(owner), steps, since when
+        self._done: dict[int, tuple[Any, list[int]]] = {}
+        self._done_steps = 0
+        self._done_since: float | None = None
         pool.kvgov_keyed = self._keyed
         pool.kvgov_owner_table = governor.owners.table
 
@@ -193,9 +195,10 @@ class VllmGovernance:
             return f"kvgov: request refused, {exc}"
         state = RequestGovernance(
             seq_id=seq_id,
+            num_tokens=num_tokens,
             view=view,
             adm=adm,
-            plan=replace(plan, num_tokens=num_tokens),
+            plan=plan,
             deriver=gov.deriver,
             block_size=self.block_size,
             has_extra=has_extra_keys(request),
@@ -275,45 +278,50 @@ class VllmGovernance:
         hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
         if not state.admitted:
             state.admitted = True
-            gov.record_admission(
-                state.view,
-                state.seq_id,
-                hit_ids + new_ids,
-                state.plan,
-                state.adm,
-                None,
-                len(hit_ids) * self.block_size,
-            )
+            self._record_admission(state, hit_ids + new_ids, len(hit_ids) * self.block_size)
         if hit_ids:
             sharing.audit_reuse(gov, state.view, hit_ids, state.seq_id, state.granted)
+
+    def _record_admission(
+        self, state: RequestGovernance, block_ids: list[int], cached_tokens: int
+    ) -> None:
+        """Count the admission and write its event, as ``Governor.record_admission`` does.
+
+        Written when vLLM first gives the request blocks, so it names the blocks and the
+        reused tokens vLLM committed; the decision itself was made at ``add_request``.
+        """
+        gov = self.gov
+        view = state.view
+        counters = gov.counters[view.scope.tenant]
+        counters.requests += 1
+        counters.queried_tokens += state.num_tokens
+        counters.hit_tokens += cached_tokens
+        decision = state.adm.decision
+        gov.audit.record(
+            AuditEvent(
+                type=EventType.ADMISSION,
+                **view.fields,
+                sequence_id=state.seq_id,
+                block_ids=tuple(block_ids),
+                token_count=state.num_tokens,
+                reused_tokens=cached_tokens,
+                decision_id=decision.decision_id,
+                policy_revision=decision.bundle_revision,
+                details={
+                    "cache": state.cacheable,
+                    "priority": state.adm.priority,
+                    "reason": state.adm.reason,
+                    "requested_priority": None,
+                    "ttl_seconds": state.plan.ttl,
+                },
+            )
+        )
 
     def _keyed(self, request: Any, block_ids: list[int]) -> None:
         """vLLM cached the request's full blocks: give them the request's retention."""
         state: RequestGovernance | None = getattr(request, "_kvgov", None)
         if state is not None and state.plan.ttl is not None:
             self.gov.deadlines.keyed(block_ids, state.plan.ttl)
-
-    def released(self, request: Any, num_blocks: int) -> None:
-        """vLLM freed a finished request's blocks: write its end event."""
-        state: RequestGovernance | None = getattr(request, "_kvgov", None)
-        if state is None:
-            return
-        self.drain()
-        status = getattr(request.status, "name", str(request.status))
-        released = status in _RELEASED
-        self.gov.record_end(
-            state.view,
-            state.seq_id,
-            EventType.RELEASE if released else EventType.LIFECYCLE,
-            appended=(),
-            num_tokens=int(request.num_tokens),
-            decision_id=state.adm.decision.decision_id,
-            details={
-                "reason": "released" if released else status.lower(),
-                "cached": state.cacheable,
-                "blocks": num_blocks,
-            },
-        )
 
     # ------------------------------------------------------------------ steps
 
@@ -341,28 +349,47 @@ class VllmGovernance:
         self._inflight[id(ids)] = (ids, owners)
         return ids
 
-    def step_returned(self, carried: list[int] | None) -> None:
-        """The step whose output carried ``carried`` came back: the workers zeroed them."""
-        if carried is None:
-            return
-        entry = self._inflight.pop(id(carried), None)
-        if entry is None or entry[0] is not carried:
-            return
-        ids, owners = entry
-        groups: dict[int, tuple[Any, list[int]]] = {}
-        for b, owner in zip(ids, owners, strict=True):
-            groups.setdefault(id(owner), (owner, []))[1].append(b)
+    def step_returned(self, carried: list[int] | None, *, idle: bool) -> None:
+        """The step whose output carried ``carried`` came back: the workers zeroed them.
+
+        "Done" is written per owner, coalesced over steps: when the engine goes idle,
+        when the oldest unwritten one is ``ZEROIZATION_DONE_FLUSH_SECONDS`` old, at an
+        erasure and at shutdown (one event per step would double the audit trail of a
+        busy engine). ``details.steps`` says how many steps an event covers.
+        """
+        entry = self._inflight.pop(id(carried), None) if carried is not None else None
+        if entry is not None and entry[0] is carried:
+            done = self._done
+            for b, owner in zip(*entry, strict=True):
+                key = id(owner)
+                group = done.get(key)
+                if group is None:
+                    group = done[key] = (owner, [])
+                group[1].append(b)
+            self._done_steps += 1
+            if self._done_since is None:
+                self._done_since = self.gov.clock()
+        if self._done_since is not None and (
+            idle or self.gov.clock() - self._done_since >= ZEROIZATION_DONE_FLUSH_SECONDS
+        ):
+            self.flush_done()
+
+    def flush_done(self) -> None:
+        """Write the coalesced "done" zeroization events now (one per owner)."""
+        done, steps = self._done, self._done_steps
+        self._done, self._done_steps, self._done_since = {}, 0, None
         bpb = self.pool.kvgov_bytes_per_block
-        for owner, group in groups.values():
+        for owner, ids in done.values():
             self.gov.audit.record(
                 AuditEvent(
                     type=EventType.ZEROIZATION,
                     tenant=owner.tenant if owner is not None else None,
-                    block_ids=tuple(sorted(group)),
+                    block_ids=tuple(sorted(ids)),
                     details={
-                        "bytes": bpb * len(group),
+                        "bytes": bpb * len(ids),
                         "device": self.pool.kvgov_device,
                         "state": "done",
+                        "steps": steps,
                     },
                 )
             )
@@ -376,6 +403,7 @@ class VllmGovernance:
         runs one for it): the report's ``verified`` is False, the "done"
         zeroization events follow when that step comes back.
         """
+        self.flush_done()
         return erasure.purge_tenant(self.gov, tenant, live)
 
     def invalidate(
@@ -404,6 +432,7 @@ class VllmGovernance:
             return
         try:
             self.drain()
+            self.flush_done()
         finally:
             self.gov.close()
 

@@ -12,7 +12,11 @@ the methods where a block changes hands, which
   ids go out with the next step's ``SchedulerOutput.new_block_ids_to_zero``;
   the worker zeroes them before that step's forward pass, so before any new
   owner writes them or anyone reads them;
-* reports what happened as kvgov's allocator events, which the governor drains.
+* reports what the governor needs as kvgov's allocator events: blocks cached
+  (``BlocksCached``: their retention starts), evicted (``BlocksEvicted``) and
+  ordered zeroed (``BlocksZeroized``, state ``"ordered"``). Allocations and hits
+  are not reported: the binding sees them where vLLM commits them (the manager's
+  ``allocate_slots``), with the request they belong to.
 
 :class:`VllmPoolAdapter` is the same pool seen through the governor's
 :class:`~kvgov.govern.protocol.GovernedPool` protocol. States, as the governor
@@ -40,11 +44,8 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_block_hash
 
 from kvgov.allocator import (
-    BlocksAllocated,
     BlocksCached,
     BlocksEvicted,
-    BlocksHit,
-    BlocksKeyed,
     BlockState,
     BlocksZeroized,
     PoolCounts,
@@ -82,6 +83,8 @@ class GovernedBlockPool(BlockPool):
         self.kvgov_owner_table: list[Any] | None = None
         # kvgov events since the adapter last took them, oldest first.
         self.kvgov_events: list[PoolEvent] = []
+        # Where in kvgov_events the pending report of freed blocks is (_kvgov_order_zero).
+        self.kvgov_open_free: int | None = None
         # The binding's hook for newly cached blocks (their retention); None: none.
         self.kvgov_keyed: KeyedHook | None = None
         # Bytes one block holds in the workers, and where (for zeroization events).
@@ -130,7 +133,6 @@ class GovernedBlockPool(BlockPool):
             if evicted:
                 self._kvgov_evicted(evicted, "capacity")
         blocks: list[KVCacheBlock] = super().get_new_blocks(num_blocks)
-        self.kvgov_events.append(BlocksAllocated(tuple([b.block_id for b in blocks])))
         return blocks
 
     def cache_full_blocks(
@@ -154,17 +156,8 @@ class GovernedBlockPool(BlockPool):
                 for b in blocks[num_cached_blocks:num_full_blocks]
                 if b._block_hash is not None and not b.is_null
             ]
-            if ids:
-                self.kvgov_events.append(BlocksKeyed(tuple(ids)))
-                if self.kvgov_keyed is not None:
-                    self.kvgov_keyed(request, ids)
-
-    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().touch(blocks)
-        if blocks:
-            self.kvgov_events.append(
-                BlocksHit(tuple([b.block_id for b in blocks if not b.is_null]))
-            )
+            if ids and self.kvgov_keyed is not None:
+                self.kvgov_keyed(request, ids)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
@@ -178,7 +171,7 @@ class GovernedBlockPool(BlockPool):
         if cached:
             self.kvgov_events.append(BlocksCached(tuple(cached)))
         if freed:
-            self._kvgov_order_zero(freed)
+            self._kvgov_order_zero(freed, merge=True)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """vLLM's public eviction (KV connectors); kvgov's own goes through :meth:`kvgov_evict`."""
@@ -263,14 +256,29 @@ class GovernedBlockPool(BlockPool):
         self.kvgov_events.append(BlocksEvicted(tuple(ids), keys, reason))
         self._kvgov_order_zero(ids)
 
-    def _kvgov_order_zero(self, ids: list[int]) -> None:
+    def _kvgov_order_zero(self, ids: list[int], *, merge: bool = False) -> None:
+        """Order ``ids`` zeroed: queue them for the next step, report BlocksZeroized (ordered).
+
+        ``merge`` (frees only): fold them into the pending report of freed blocks, so the
+        requests a step finishes make one report (one audit event per owner), not one
+        each. Safe: the governor reassigns an owner only after draining every report
+        before it, and a freed block has no pending eviction report that must come first.
+        """
         self.kvgov_zero.extend(ids)
         table = self.kvgov_owner_table
         if table is None:
             self.kvgov_zero_owners.extend([None] * len(ids))
         else:
             self.kvgov_zero_owners.extend([table[i] for i in ids])
-        self.kvgov_events.append(
+        events = self.kvgov_events
+        at = self.kvgov_open_free
+        if merge and at is not None and at < len(events):
+            merged = tuple(sorted(events[at].block_ids + tuple(ids)))
+            events[at] = BlocksZeroized(
+                merged, len(merged) * self.kvgov_bytes_per_block, self.kvgov_device, 0.0, "ordered"
+            )
+            return
+        events.append(
             BlocksZeroized(
                 tuple(sorted(ids)),
                 len(ids) * self.kvgov_bytes_per_block,
@@ -279,6 +287,8 @@ class GovernedBlockPool(BlockPool):
                 "ordered",
             )
         )
+        if merge:
+            self.kvgov_open_free = len(events) - 1
 
 
 class VllmPoolAdapter:
@@ -392,6 +402,7 @@ class VllmPoolAdapter:
         """kvgov events since the last call, oldest first."""
         pool = self._pool
         events, pool.kvgov_events = pool.kvgov_events, []
+        pool.kvgov_open_free = None
         return events
 
 

@@ -48,6 +48,7 @@ class RequestGovernance:
         "deriver",
         "granted",
         "has_extra",
+        "num_tokens",
         "plan",
         "root",
         "seq_id",
@@ -59,6 +60,7 @@ class RequestGovernance:
         self,
         *,
         seq_id: str,
+        num_tokens: int,
         view: ScopeView,
         adm: AdmissionDecision,
         plan: KeyPlan,
@@ -67,9 +69,10 @@ class RequestGovernance:
         has_extra: bool,
     ) -> None:
         self.seq_id = seq_id  # vLLM's request id
+        self.num_tokens = num_tokens  # prompt tokens at admission
         self.view = view  # the scope it was admitted under
         self.adm = adm  # the admission decision
-        self.plan = plan  # namespaces and retention (no keys: the hasher derives them)
+        self.plan = plan  # namespaces and retention only (no keys: the hasher derives them)
         self.deriver = deriver  # the secret's deriver at admission (a rotation stops caching)
         self.block_size = block_size  # tokens per hashed block
         self.has_extra = has_extra  # LoRA, salt, multimodal or embeddings: extra keys per block

@@ -20,7 +20,6 @@ points vLLM itself calls:
 ``has_requests``                  also true while zeroing or a refusal is pending, so an
                                   idle engine runs the step that carries them
 ``update_from_output``            "done" for the step's zeroing; refusals reach clients
-``_free_blocks``                  the request's end event
 ``shutdown``                      flushes and closes the audit trail
 ================================  ==================================================
 
@@ -144,10 +143,10 @@ class GovernedSchedulerMixin:
         binding = self.kvgov
         if binding is None:
             return outputs
-        binding.step_returned(scheduler_output.new_block_ids_to_zero)
         if self._kvgov_refused:
             self._kvgov_deliver_refusals(outputs)
         binding.drain()
+        binding.step_returned(scheduler_output.new_block_ids_to_zero, idle=not self.has_requests())
         return outputs
 
     def _kvgov_deliver_refusals(self, outputs: dict[int, Any]) -> None:
@@ -163,15 +162,6 @@ class GovernedSchedulerMixin:
             if batch is None:
                 outputs[request.client_index] = batch = EngineCoreOutputs(outputs=[])
             batch.outputs.append(out)
-
-    def _free_blocks(self, request: Any) -> None:
-        binding = self.kvgov
-        if binding is None or getattr(request, "_kvgov", None) is None:
-            super()._free_blocks(request)  # type: ignore[misc]
-            return
-        held = len(self.kv_cache_manager.get_block_ids(request.request_id)[0])
-        super()._free_blocks(request)  # type: ignore[misc]
-        binding.released(request, held)
 
     def shutdown(self) -> None:
         try:

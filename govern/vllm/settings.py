@@ -6,7 +6,7 @@ its settings from ``vllm_config.additional_config["kvgov"]`` (``vllm serve
 and every setting it does not find there from the environment variable
 ``KVGOV_<SETTING>`` (``audit_url`` from ``KVGOV_AUDIT_URL``), else its default.
 
-Secrets never go in ``additional_config``: vLLM logs its whole configuration at
+Secrets never go in ``additional_config``: vLLM logs its non-default arguments at
 start. The cache-key secret comes from ``KVGOV_KEY_SECRET`` or the file named
 by ``key_secret_file``; the scope-token key from ``KVGOV_SCOPE_TOKEN_KEY`` or
 ``scope_token_key_file``. This module needs no vLLM.

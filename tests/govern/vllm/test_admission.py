@@ -180,7 +180,6 @@ def test_admission_and_reuse_are_audited_from_what_vllm_committed(vllm: Any) -> 
     (reuse,) = vllm.events(sched, type="reuse")
     assert (reuse.tenant, reuse.requester_tenant, reuse.reused_tokens) == ("acme", "acme", 96)
     assert list(reuse.block_ids) == list(first.block_ids[:6])
-    assert {e.sequence_id for e in vllm.events(sched, type="release")} == {"a", "b"}
 
 
 def test_the_audit_trail_verifies(vllm: Any, clock: Any) -> None:
