@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvgov-installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench bench-vllm clean
+.PHONY: install demo test test-vllm lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/kvgov demo
 
+# The vLLM binding's tests need vLLM: `make test-vllm` runs them in their own venv.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not vllm"
+
+# Builds (or reuses) .bench/vllm-venv (vLLM 0.33.0 on the CPU, kvgov editable) and
+# .bench/vllm-tests (vLLM's tests from its sdist), runs the binding's tests, then vLLM's
+# scheduler and prefix-cache tests stock and governed, and fails on any regression.
+test-vllm: $(STAMP)
+	$(PY) tests/govern/vllm/suite/run_test_vllm.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -37,6 +44,7 @@ bench: $(STAMP)
 
 bench-vllm: $(STAMP)
 	$(PY) benchmarks/bench_vs_vllm.py
+	$(PY) benchmarks/bench_vllm_binding.py
 
 clean:
 	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info
