@@ -154,3 +154,20 @@ def test_prefix_caching_off_still_governs_admission_and_zeroing(vllm: Any) -> No
     assert vllm.run(sched, vllm.request("x", PROMPT, tenant=None)).finals["x"].stop_reason
     assert vllm.worker(sched).remnants(sched) == []
     assert len(vllm.events(sched, type="admission")) == 2
+
+
+def test_a_governed_engine_does_not_hash_requests_twice(vllm: Any) -> None:
+    """The plugin's engine hook gives a governed engine the deferred hasher (the scheduler
+    hashes each request once, in its namespace); a stock engine keeps vLLM's."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine.core import EngineCore
+
+    from kvgov.govern.vllm.requests import deferred_block_hasher
+
+    vllm_hasher = object()
+    for sched, expected in ((vllm.scheduler(), deferred_block_hasher), (vllm.stock(), vllm_hasher)):
+        engine = SimpleNamespace(request_block_hasher=vllm_hasher, scheduler=sched)
+        with pytest.raises((AttributeError, TypeError)):  # the rest needs a real engine
+            EngineCore.preprocess_add_request(engine, None)
+        assert engine.request_block_hasher is expected
