@@ -13,7 +13,7 @@ TORCH_PIN ?= torch==2.13.0
 # with --no-deps (it needs nothing at run time) and the Python check off.
 OPA_PIN ?= opa-golib-python-bindings==0.4.4
 
-.PHONY: install demo test test-faults lint bench bench-vllm clean
+.PHONY: install demo test test-faults test-vllm lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,14 +28,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/kvgov demo
 
+# The vLLM binding's tests need vLLM: `make test-vllm` runs them in their own venv.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not faults"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not vllm"
 
 # The fault suite (tests/faults): PostgreSQL frozen and killed during load, the spool's
 # disk full, a worker killed with SIGKILL; prints what happened to the events
 # (written, spooled, quarantined, lost). .ci/run runs it after `make test`.
 test-faults: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m faults tests/faults
+
+# Builds (or reuses) .bench/vllm-venv (vLLM 0.33.0 on the CPU, kvgov editable) and
+# .bench/vllm-tests (vLLM's tests from its sdist), runs the binding's tests, then vLLM's
+# scheduler and prefix-cache tests stock and governed, and fails on any regression.
+test-vllm: $(STAMP)
+	$(PY) tests/govern/vllm/suite/run_test_vllm.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -50,6 +57,7 @@ bench: $(STAMP)
 
 bench-vllm: $(STAMP)
 	$(PY) benchmarks/bench_vs_vllm.py
+	$(PY) benchmarks/bench_vllm_binding.py
 
 clean:
 	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info

@@ -106,21 +106,30 @@ class BlocksEvicted(NamedTuple):
 class BlocksZeroized(NamedTuple):
     """Blocks were overwritten with zeros (and, with ``verify=True``, read back as zero).
 
-    Emitted only after the zeros are in memory: on CUDA after the pool's stream
-    finished the batch.
+    kvgov's own pool emits it only after the zeros are in memory: on CUDA after
+    the pool's stream finished the batch (``state`` ``"done"``). A pool whose
+    bytes live in another process (vLLM's: the KV tensors are in its workers)
+    emits it when the zeroing is *ordered* (``state`` ``"ordered"``: the blocks
+    go to the workers with the next step, which zeroes them before that step's
+    forward pass, so before anyone can write or read them); the binding writes
+    the "done" audit event when that step has come back. Either way the blocks
+    have left their owner and may be handed out from now on.
 
     Attributes:
         block_ids: the blocks, ascending.
-        nbytes: bytes overwritten.
+        nbytes: bytes overwritten (or to overwrite, when ordered).
         device: the pool's device, e.g. ``"cpu"`` or ``"cuda:0"``.
         seconds: time the zeroing took: host wall time on CPU, device time between
-            two events around the batch on CUDA (verification read-back excluded).
+            two events around the batch on CUDA (verification read-back excluded);
+            0.0 when only ordered.
+        state: ``"done"`` (the zeros are in memory) or ``"ordered"``.
     """
 
     block_ids: tuple[int, ...]
     nbytes: int
     device: str
     seconds: float
+    state: str = "done"
 
 
 #: Any event the pool emits.

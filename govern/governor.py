@@ -369,16 +369,19 @@ class Governor(HitFinder):
             counters = self.counters[scope.tenant] if scope else self.unattributed
             counters.blocks_zeroized += len(ids)
             counters.bytes_zeroized += per_block * len(ids)
+            details: dict[str, Any] = {
+                "bytes": per_block * len(ids),
+                "device": event.device,
+                "seconds": event.seconds,
+            }
+            if event.state != "done":  # bytes in another process: see BlocksZeroized.state
+                details["state"] = event.state
             self.audit.record(
                 AuditEvent(
                     type=EventType.ZEROIZATION,
                     tenant=scope.tenant if scope else None,
                     block_ids=tuple(ids),
-                    details={
-                        "bytes": per_block * len(ids),
-                        "device": event.device,
-                        "seconds": event.seconds,
-                    },
+                    details=details,
                 )
             )
 

@@ -13,23 +13,23 @@ story. They run under the governor's lock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
-from kvgov.policy import Decision, PolicyClient, SharingDecision
+from kvgov.audit import AuditLog, Deferred
+from kvgov.policy import PolicyClient
 
+from . import sharing
 from .keys import KeyDeriver
 from .ownership import Owners
 from .plan import KeyPlan
 from .protocol import GovernedPool
-from .scope import CacheScope
-from .sharing import judge_hits
 from .views import ScopeView, ScopeViews
 
 if TYPE_CHECKING:
     from collections import defaultdict
     from collections.abc import Callable
 
+    from .governor import Governor
     from .stats import _TenantCounters
 
 __all__ = ["HitFinder"]
@@ -146,81 +146,11 @@ class HitFinder:
     ) -> int:
         """How many leading hit blocks the sharing policy lets the requester use; audits.
 
-        Gives nothing back itself: :meth:`find_hits` frees the blocks past the cut,
-        or every hit block if this raises.
+        Judges, then audits the reuse of the blocks kept (:mod:`kvgov.govern.sharing`),
+        the critical events deferred. Gives nothing back itself: :meth:`find_hits`
+        frees the blocks past the cut, or every hit block if this raises.
         """
-        requester = view.scope.tenant
-        groups = self.owners.group(hit_ids)
-        keep = len(hit_ids)
-        granted: dict[tuple[CacheScope, CacheScope], Decision] = {}
-        if not all(o is not None and o.tenant == requester for o, _ in groups):
-            verdict = judge_hits(
-                self.policy,
-                lambda owner: self.views.view(owner, admitted=True),
-                self.owners.table,
-                view,
-                hit_ids,
-                prefix_view,
-                prefix_blocks,
-            )
-            keep, granted = verdict.keep, verdict.granted
-            if keep < len(hit_ids):
-                groups = self.owners.group(hit_ids[:keep])
-            if verdict.denied is not None:
-                self._record_share_denied(requester, seq_id, *verdict.denied, deferred)
-        counters = self.counters[requester]
-        reused = self.block_size
-        for owner, ids in groups:
-            if owner is None:  # pragma: no cover - excluded by judge_hits
-                continue
-            fields = {
-                **self.views.view(owner, admitted=True).fields,
-                "requester_tenant": requester,
-            }
-            if owner.tenant == requester:
-                self.audit.record(
-                    AuditEvent(
-                        type=EventType.REUSE,
-                        **fields,
-                        sequence_id=seq_id,
-                        block_ids=tuple(ids),
-                        reused_tokens=len(ids) * reused,
-                    )
-                )
-                continue
-            counters.cross_tenant_reuses += 1
-            decision = next(d for (_, o), d in granted.items() if o == owner)
-            deferred.append(
-                self.audit.defer(
-                    AuditEvent(
-                        type=EventType.CROSS_TENANT_REUSE,
-                        **fields,
-                        sequence_id=seq_id,
-                        block_ids=tuple(ids),
-                        reused_tokens=len(ids) * reused,
-                        decision_id=decision.decision_id,
-                        policy_revision=decision.bundle_revision,
-                    )
-                )
-            )
-        return keep
-
-    def _record_share_denied(
-        self,
-        requester: str,
-        seq_id: str,
-        owner: CacheScope,
-        share: SharingDecision,
-        deferred: list[Deferred],
-    ) -> None:
-        self.counters[requester].cross_tenant_denied += 1
-        fields = {**self.views.view(owner, admitted=True).fields, "requester_tenant": requester}
-        event = AuditEvent(
-            type=EventType.SHARE_DENIED,
-            **fields,
-            sequence_id=seq_id,
-            decision_id=share.decision.decision_id,
-            policy_revision=share.decision.bundle_revision,
-            details={"reason": share.reason},
-        )
-        deferred.append(self.audit.defer(event))
+        gov = cast("Governor", self)
+        verdict = sharing.judge(gov, view, hit_ids, seq_id, prefix_view, prefix_blocks, deferred)
+        sharing.audit_reuse(gov, view, hit_ids[: verdict.keep], seq_id, verdict.granted, deferred)
+        return verdict.keep

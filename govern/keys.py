@@ -22,6 +22,22 @@ block hash does. Byte layouts (all integers big-endian unless said otherwise)::
     CacheKey_0     = HMAC-SHA256(secret, NamespaceRoot || ScopeDigest || token_bytes_0)
     CacheKey_i     = HMAC-SHA256(secret, CacheKey_{i-1} || ScopeDigest || token_bytes_i)
 
+    CacheKey_i     = HMAC-SHA256(secret, CacheKey_{i-1} || ScopeDigest || token_bytes_i
+                                         || ExtraKeys_i)       with a serving engine's extra keys
+
+    ExtraKeys_i    = b""                                  if block i has no extra keys
+                   = b"kvgov.extra.v1" 0x00 || item(E_i)   otherwise
+                     E_i is what the engine adds to block i's hash besides its tokens
+                     (vLLM: LoRA name and path, the cache salt on block 0, the
+                     identifier and offset of each multimodal item overlapping the
+                     block, a digest of the block's prompt embeddings)
+    item(None)     = 0x00
+    item(b)        = 0x01 || (0x01 if b else 0x00)          bool
+    item(n)        = 0x02 || len(d) as u32 || d               int; d = ASCII decimal of n
+    item(s)        = 0x03 || len(utf8(s)) as u32 || utf8(s)   str
+    item(x)        = 0x04 || len(x) as u32 || x               bytes
+    item(t)        = 0x05 || len(t) as u32 || item(t_0) || ... || item(t_{n-1})   tuple or list
+
     ContinuationRoot = SHA-256( b"kvgov.continue.v1" 0x00 || NamespaceRoot || CacheKey_last )
                      the parent of the first block after a public prefix (see
                      ``GovernedKVCache.admit(public_prefix_tokens=...)``): the prefix is
@@ -34,6 +50,14 @@ differs from every string. The tenant is not in the scope digest: it is the
 namespace, so a share group's namespace can hold blocks of several tenants
 while every other field still has to match. Known-answer vectors live in
 ``tests/vectors/cache_keys.json``.
+
+Extra keys are typed and length-prefixed too, so the encoding is injective:
+two images behind the same placeholder tokens (different identifiers), the
+same image at two offsets, a LoRA and its re-pointed path, or two salts never
+encode alike. For one block size the token part is exactly ``4 * B`` bytes,
+so a block without extra keys (``ExtraKeys = b""``) and one with them never
+share an HMAC input either; a block without extra keys is keyed exactly as
+kvgov's own cache keys it. Vectors: ``tests/vectors/cache_keys_extra.json``.
 """
 
 from __future__ import annotations
@@ -47,7 +71,7 @@ from collections.abc import Set as AbstractSet
 from typing import NewType
 
 from kvgov.defaults import KEY_SECRET_ENV, MIN_KEY_SECRET_BYTES
-from kvgov.exceptions import InvalidTokens, KeySecretError
+from kvgov.exceptions import InvalidArgument, InvalidTokens, KeySecretError
 
 from .scope import SCOPE_FIELDS, CacheScope
 
@@ -57,6 +81,8 @@ __all__ = [
     "NamespaceRoot",
     "ScopeDigest",
     "continuation_root",
+    "encode_extra_keys",
+    "encode_field",
     "load_key_secret",
     "namespace_root",
     "pack_tokens",
@@ -71,17 +97,71 @@ ScopeDigest = NewType("ScopeDigest", bytes)
 NamespaceRoot = NewType("NamespaceRoot", bytes)
 
 _SCOPE_TAG = b"kvgov.scope.v1\x00"
+_EXTRA_TAG = b"kvgov.extra.v1\x00"
 _NAMESPACE_TAG = b"kvgov.namespace.v1\x00"
 _CONTINUE_TAG = b"kvgov.continue.v1\x00"
+#: Nesting of extra keys refused beyond this (vLLM nests two levels).
+_MAX_EXTRA_DEPTH = 8
 #: Every scope field but the tenant (which is the namespace), in scope order.
 _DIGEST_FIELDS = tuple(name for name in SCOPE_FIELDS if name != "tenant")
 
 
-def _field(value: str | None) -> bytes:
+def encode_field(value: str | None) -> bytes:
+    """One length-prefixed scope field (``field(v)`` in the module docstring)."""
     if value is None:
         return b"\x00"
     raw = value.encode("utf-8")
     return b"\x01" + len(raw).to_bytes(4, "big") + raw
+
+
+def encode_extra_keys(extra: object) -> bytes:
+    """Encode a block's extra keys (``ExtraKeys`` in the module docstring).
+
+    Args:
+        extra: None or an empty tuple for a block without extra keys, else a
+            tuple (or list) of None, bool, int, str, bytes and nested tuples or
+            lists, as a serving engine builds them.
+
+    Returns:
+        ``b""`` for no extra keys, else the tagged encoding.
+
+    Raises:
+        InvalidArgument: an element of another type (a float, an object): it has
+            no canonical encoding, so it could not be keyed safely.
+    """
+    if extra is None or (isinstance(extra, tuple | list) and not extra):
+        return b""
+    out = bytearray(_EXTRA_TAG)
+    _encode_item(extra, out, 0)
+    return bytes(out)
+
+
+def _encode_item(value: object, out: bytearray, depth: int) -> None:
+    if depth > _MAX_EXTRA_DEPTH:
+        raise InvalidArgument("extra_keys", "...", f"nested deeper than {_MAX_EXTRA_DEPTH}")
+    if value is None:
+        out += b"\x00"
+    elif isinstance(value, bool):
+        out += b"\x01\x01" if value else b"\x01\x00"
+    elif isinstance(value, int):
+        digits = str(int(value)).encode("ascii")
+        out += b"\x02" + len(digits).to_bytes(4, "big") + digits
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        out += b"\x03" + len(raw).to_bytes(4, "big") + raw
+    elif isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        out += b"\x04" + len(raw).to_bytes(4, "big") + raw
+    elif isinstance(value, tuple | list):
+        out += b"\x05" + len(value).to_bytes(4, "big")
+        for element in value:
+            _encode_item(element, out, depth + 1)
+    else:
+        raise InvalidArgument(
+            "extra_keys",
+            type(value).__name__,
+            "extra keys may hold None, bool, int, str, bytes and tuples of them only",
+        )
 
 
 def scope_digest(scope: CacheScope) -> ScopeDigest:
@@ -94,7 +174,7 @@ def scope_digest(scope: CacheScope) -> ScopeDigest:
         32 bytes.
     """
     parts = [_SCOPE_TAG]
-    parts.extend(_field(getattr(scope, name)) for name in _DIGEST_FIELDS)
+    parts.extend(encode_field(getattr(scope, name)) for name in _DIGEST_FIELDS)
     return ScopeDigest(hashlib.sha256(b"".join(parts)).digest())
 
 
@@ -108,7 +188,9 @@ def namespace_root(kind: str, name: str) -> NamespaceRoot:
     Returns:
         32 bytes, the parent of a namespace's first block key.
     """
-    return NamespaceRoot(hashlib.sha256(_NAMESPACE_TAG + _field(kind) + _field(name)).digest())
+    return NamespaceRoot(
+        hashlib.sha256(_NAMESPACE_TAG + encode_field(kind) + encode_field(name)).digest()
+    )
 
 
 def continuation_root(root: bytes, prefix_key: bytes) -> NamespaceRoot:
@@ -200,13 +282,17 @@ class KeyDeriver:
     def __repr__(self) -> str:
         return "KeyDeriver(secret=<hidden>)"
 
-    def derive_key(self, parent: bytes, token_bytes: bytes, digest: ScopeDigest) -> CacheKey:
-        """One block key: ``HMAC-SHA256(secret, parent || digest || token_bytes)``.
+    def derive_key(
+        self, parent: bytes, token_bytes: bytes, digest: ScopeDigest, extra: bytes = b""
+    ) -> CacheKey:
+        """One block key: ``HMAC-SHA256(secret, parent || digest || token_bytes || extra)``.
 
         Args:
             parent: the previous block's key, or the namespace root for block 0.
             token_bytes: the block's packed tokens (see :func:`pack_tokens`).
             digest: the scope digest.
+            extra: the block's encoded extra keys (:func:`encode_extra_keys`);
+                ``b""`` for none.
 
         Returns:
             The block's key.
@@ -215,6 +301,8 @@ class KeyDeriver:
         inner.update(parent)
         inner.update(digest)
         inner.update(token_bytes)
+        if extra:
+            inner.update(extra)
         outer = self._outer.copy()
         outer.update(inner.digest())
         return CacheKey(outer.digest())
@@ -257,6 +345,39 @@ class KeyDeriver:
             parent = outer.digest()
             append(parent)
         return keys  # type: ignore[return-value]  # CacheKey is bytes; no per-key wrapper call
+
+    def derive_chain_extras(
+        self,
+        parent: bytes,
+        packed: bytes,
+        digest: ScopeDigest,
+        block_size: int,
+        extras: Sequence[bytes],
+        *,
+        first: int = 0,
+    ) -> list[CacheKey]:
+        """Keys of ``len(extras)`` consecutive full blocks, each with its extra keys.
+
+        Args:
+            parent: key of block ``first - 1`` (the namespace root when ``first`` is 0).
+            packed: the sequence's packed tokens (at least ``first + len(extras)`` blocks).
+            digest: the scope digest.
+            block_size: tokens per block.
+            extras: per block, its encoded extra keys (:func:`encode_extra_keys`;
+                ``b""`` keys that block exactly as :meth:`derive_chain` does).
+            first: index of the first block to key.
+
+        Returns:
+            One key per entry of ``extras``, in block order.
+        """
+        step = 4 * block_size
+        keys: list[CacheKey] = []
+        offset = first * step
+        for extra in extras:
+            parent = self.derive_key(parent, packed[offset : offset + step], digest, extra)
+            keys.append(CacheKey(parent))
+            offset += step
+        return keys
 
 
 def load_key_secret(key_secret: bytes | None, *, ephemeral: bool, environ: dict[str, str]) -> bytes:

@@ -100,6 +100,13 @@ class Deadlines:
         """When the block's current CACHED spell ends (seconds); inf while it has none."""
         return self._deadline[block_id]
 
+    def next_due(self) -> float:
+        """The earliest pending deadline (``inf`` with none): a sweep is due once it is past.
+
+        Stale entries may make it early, never late; a sweep then finds nothing.
+        """
+        return self._heap[0][0] if self._heap else _INF
+
     def due(self, now: float) -> list[int]:
         """Pop every block whose current deadline is ``<= now``, earliest first.
 

@@ -1,24 +1,41 @@
-"""May a requester use the blocks a prefix lookup found? :func:`judge_hits`.
+"""May a requester use the blocks a prefix lookup found, and the audit of the reuse.
 
 A hit can land on a block another tenant wrote only in a share group's
 namespace (keys commit to every scope field but the tenant, and each tenant
 has its own namespace). Such a block is used only if the sharing policy allows
 that requester and that owner. The hit is cut at the first block the policy
 refuses: a prefix cache hit must be a prefix.
+
+Two steps, so that a binding whose engine commits a hit later than it looks it
+up (vLLM's scheduler may look a request up, then not schedule it) judges at
+the lookup and audits what was committed:
+
+* :func:`judge` (pure policy: :func:`judge_hits`) cuts the hit and audits a
+  refusal (SHARE_DENIED);
+* :func:`audit_reuse` writes one REUSE or CROSS_TENANT_REUSE event per owner
+  scope of the blocks actually reused.
+
+``GovernedKVCache`` runs both at its lookup (``Governor._check_sharing``).
+Both assume the governor's lock is held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from kvgov.audit import AuditEvent, Deferred, EventType
 from kvgov.exceptions import InternalError
 from kvgov.policy import Decision, PolicyClient, SharingDecision
 
 from .scope import CacheScope
 from .views import ScopeView
 
-__all__ = ["HitVerdict", "judge_hits"]
+if TYPE_CHECKING:
+    from .governor import Governor
+
+__all__ = ["HitVerdict", "audit_reuse", "judge", "judge_hits"]
 
 
 @dataclass(slots=True)
@@ -85,3 +102,130 @@ def judge_hits(
             break
         verdict.granted[pair] = share.decision
     return verdict
+
+
+def judge(
+    gov: Governor,
+    view: ScopeView,
+    hit_ids: Sequence[int],
+    seq_id: str,
+    prefix_view: ScopeView | None = None,
+    prefix_blocks: int = 0,
+    deferred: list[Deferred] | None = None,
+) -> HitVerdict:
+    """How many leading hit blocks the requester may use; a refusal is counted and audited.
+
+    Hits on the requester's own tenant's blocks need no decision (the common
+    case, one owner lookup per distinct owner); any other owner is judged by
+    :func:`judge_hits`. Gives no block back itself: the caller drops the blocks
+    past ``keep``.
+
+    Args:
+        gov: the governor (its lock held).
+        view: the requester's scope.
+        hit_ids: the blocks the lookup found, in order.
+        seq_id: the requesting sequence (for the audit trail).
+        prefix_view: the public prefix scope, if the admission has one.
+        prefix_blocks: blocks keyed under it.
+        deferred: where to put the wait of the refusal's (critical) audit event, for
+            a binding that waits after releasing its lock; None writes it here.
+
+    Returns:
+        The verdict: ``keep``, the decisions that granted other tenants' blocks,
+        and the refusal that cut the hit, if any.
+    """
+    requester = view.scope.tenant
+    if all(o is not None and o.tenant == requester for o, _ in gov.owners.group(hit_ids)):
+        return HitVerdict(keep=len(hit_ids))
+    verdict = judge_hits(
+        gov.policy,
+        lambda owner: gov.views.view(owner, admitted=True),
+        gov.owners.table,
+        view,
+        hit_ids,
+        prefix_view,
+        prefix_blocks,
+    )
+    if verdict.denied is not None:
+        owner, share = verdict.denied
+        gov.counters[requester].cross_tenant_denied += 1
+        _critical(
+            gov,
+            AuditEvent(
+                type=EventType.SHARE_DENIED,
+                **{**gov.views.view(owner, admitted=True).fields, "requester_tenant": requester},
+                sequence_id=seq_id,
+                decision_id=share.decision.decision_id,
+                policy_revision=share.decision.bundle_revision,
+                details={"reason": share.reason},
+            ),
+            deferred,
+        )
+    return verdict
+
+
+def audit_reuse(
+    gov: Governor,
+    view: ScopeView,
+    reused_ids: Sequence[int],
+    seq_id: str,
+    granted: dict[tuple[CacheScope, CacheScope], Decision],
+    deferred: list[Deferred] | None = None,
+) -> None:
+    """Audit a reuse: one REUSE (own tenant) or CROSS_TENANT_REUSE event per owner scope.
+
+    Args:
+        gov: the governor (its lock held).
+        view: the requester's scope.
+        reused_ids: the blocks reused, a prefix of what :func:`judge` kept.
+        seq_id: the requesting sequence.
+        granted: :attr:`HitVerdict.granted` of that judgement.
+        deferred: as for :func:`judge` (a cross-tenant reuse is critical).
+
+    Raises:
+        InternalError: a reused block has no owner, or another tenant's block was
+            reused without a granting decision (a bug in kvgov).
+    """
+    requester = view.scope.tenant
+    counters = gov.counters[requester]
+    per_block = gov.block_size
+    for owner, ids in gov.owners.group(reused_ids):
+        if owner is None:
+            raise InternalError(f"reused blocks {list(ids)[:8]} have no owner")
+        fields = {**gov.views.view(owner, admitted=True).fields, "requester_tenant": requester}
+        if owner.tenant == requester:
+            gov.audit.record(
+                AuditEvent(
+                    type=EventType.REUSE,
+                    **fields,
+                    sequence_id=seq_id,
+                    block_ids=tuple(ids),
+                    reused_tokens=len(ids) * per_block,
+                )
+            )
+            continue
+        decision = next((d for (_, o), d in granted.items() if o == owner), None)
+        if decision is None:
+            raise InternalError(f"tenant {requester!r} reused blocks of {owner.tenant!r} unjudged")
+        counters.cross_tenant_reuses += 1
+        _critical(
+            gov,
+            AuditEvent(
+                type=EventType.CROSS_TENANT_REUSE,
+                **fields,
+                sequence_id=seq_id,
+                block_ids=tuple(ids),
+                reused_tokens=len(ids) * per_block,
+                decision_id=decision.decision_id,
+                policy_revision=decision.bundle_revision,
+            ),
+            deferred,
+        )
+
+
+def _critical(gov: Governor, event: AuditEvent, deferred: list[Deferred] | None) -> None:
+    """Write a critical event now, or append it and leave its wait in ``deferred``."""
+    if deferred is None:
+        gov.audit.record(event)
+    else:
+        deferred.append(gov.audit.defer(event))

@@ -106,3 +106,23 @@ REDIS_TIMEOUT_SECONDS: Final = 0.5
 #: Prefix of every Redis key an offload tier writes (the tier name follows, in braces,
 #: so all of a tier's keys share one Redis Cluster hash slot).
 REDIS_KEY_PREFIX: Final = "kvgov:offload"
+
+# --------------------------------------------------------------------------- vLLM binding
+
+#: The key of kvgov's settings in vLLM's ``additional_config`` (``--additional-config``).
+VLLM_CONFIG_KEY: Final = "kvgov"
+#: Prefix of the environment variable each binding setting falls back to: setting
+#: ``audit_url`` is read from ``KVGOV_AUDIT_URL``, ``policy_dir`` from ``KVGOV_POLICY_DIR``.
+SETTING_ENV_PREFIX: Final = "KVGOV_"
+#: Environment variable holding the key that signs scope tokens (at least 32 bytes).
+SCOPE_TOKEN_KEY_ENV: Final = "KVGOV_SCOPE_TOKEN_KEY"
+#: Shortest scope-token key accepted, in bytes (the HMAC-SHA256 key size).
+MIN_SCOPE_TOKEN_KEY_BYTES: Final = 32
+#: Longest a scope token may still be valid for when it arrives, in seconds: a token
+#: expiring further ahead is refused, which bounds how long a leaked token can be replayed.
+SCOPE_TOKEN_MAX_TTL_SECONDS: Final = 300.0
+#: Longest a "done" zeroization of the vLLM binding waits, in seconds, to be written
+#: together with later ones (it is written at once when the engine goes idle).
+ZEROIZATION_DONE_FLUSH_SECONDS: Final = 1.0
+#: The revision recorded for a model, tokenizer or adapter the engine names without one.
+UNVERSIONED: Final = "unversioned"

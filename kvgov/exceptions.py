@@ -30,6 +30,7 @@ __all__ = [
     "AuditError",
     "AuditSchemaError",
     "AuditUnavailable",
+    "BindingConfigError",
     "BlockStateError",
     "DataKeyDestroyed",
     "DuplicateSequence",
@@ -59,12 +60,14 @@ __all__ = [
     "PolicyLoadError",
     "PolicyTestFailure",
     "PoolClosed",
+    "ScopeTokenError",
     "SigningKeyError",
     "TenantPurging",
     "TierUnavailable",
     "UnknownBlock",
     "UnknownSequence",
     "UnknownTier",
+    "UnsupportedEngine",
     "ZeroizationError",
 ]
 
@@ -464,6 +467,54 @@ class TenantPurging(GovernError):
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         super().__init__(f"tenant {tenant!r} is being purged; retry after the erasure finishes")
+
+
+class BindingConfigError(GovernError, ValueError):
+    """A serving-engine binding's kvgov settings are invalid; the engine refuses to start.
+
+    Args:
+        setting: the setting (its key in the binding's configuration, or the
+            environment variable it was read from).
+        value: the value given (never a secret).
+        reason: what is accepted.
+    """
+
+    def __init__(self, setting: str, value: object, reason: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid kvgov setting {setting}={value!r}: {reason}")
+
+
+class UnsupportedEngine(GovernError):
+    """The serving engine's version or configuration is one kvgov cannot govern.
+
+    Raised when the engine starts, so nothing runs ungoverned.
+
+    Args:
+        what: what is not governed (a version, a cache layout, a feature).
+        fix: what to do instead.
+    """
+
+    def __init__(self, what: str, fix: str) -> None:
+        self.what = what
+        self.fix = fix
+        super().__init__(f"kvgov cannot govern {what}; {fix}")
+
+
+class ScopeTokenError(GovernError):
+    """A signed scope token is missing, malformed, expired, or does not match its scope.
+
+    The binding refuses the request (and audits the refusal); the front end must
+    sign the scope it sets (see ``kvgov.govern.vllm.scope_token``).
+
+    Args:
+        reason: what is wrong with the token.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"scope token refused: {reason}")
 
 
 # --------------------------------------------------------------------------- offload

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgov.exceptions import InvalidTokens, KeySecretError
+from kvgov.exceptions import InvalidArgument, InvalidTokens, KeySecretError
 from kvgov.govern.keys import (
     KeyDeriver,
+    encode_extra_keys,
     load_key_secret,
     namespace_root,
     pack_tokens,
@@ -131,3 +132,84 @@ def test_secret_sources_in_order() -> None:
 def test_deriver_repr_hides_the_secret() -> None:
     """The secret never shows in a repr (logs, tracebacks)."""
     assert "kkkk" not in repr(KeyDeriver(b"k" * 32))
+
+
+EXTRA_VECTORS = json.loads(
+    (Path(__file__).parents[1] / "vectors" / "cache_keys_extra.json").read_text(encoding="utf-8")
+)
+
+
+def _from_json(value: object) -> object:
+    """The vectors' JSON form back to Python: a list is a tuple, {bytes_hex} is bytes."""
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    if isinstance(value, dict):
+        return bytes.fromhex(value["bytes_hex"])
+    return value
+
+
+@pytest.mark.parametrize("case", EXTRA_VECTORS["cases"], ids=lambda c: c["name"])
+def test_extra_key_vectors(case: dict) -> None:  # type: ignore[type-arg]
+    """Extra keys encode and key blocks as the independently computed vectors say."""
+    scope = make_scope(**EXTRA_VECTORS["scope"])
+    root = namespace_root(**EXTRA_VECTORS["namespace"])
+    deriver = KeyDeriver(bytes.fromhex(EXTRA_VECTORS["secret_hex"]))
+    extras = [encode_extra_keys(_from_json(e)) for e in case["extras"]]
+    assert [e.hex() for e in extras] == case["extra_hex"]
+    keys = deriver.derive_chain_extras(
+        root,
+        pack_tokens(EXTRA_VECTORS["tokens"]),
+        scope_digest(scope),
+        EXTRA_VECTORS["block_size"],
+        extras,
+    )
+    assert [k.hex() for k in keys] == case["keys_hex"]
+
+
+def test_blocks_without_extra_keys_key_as_the_native_cache_does() -> None:
+    """No extra keys on any block: the same keys as derive_chain and cache_keys.json."""
+    native = VECTORS["cases"][0]
+    extra = EXTRA_VECTORS["cases"][0]
+    assert all(e is None for e in extra["extras"])
+    assert extra["keys_hex"] == native["keys_hex"]
+    deriver = KeyDeriver(b"s" * 32)
+    digest = scope_digest(make_scope())
+    root = namespace_root("tenant", "acme")
+    packed = pack_tokens(list(range(48)))
+    assert deriver.derive_chain_extras(root, packed, digest, 16, [b"", b"", b""]) == (
+        deriver.derive_chain(root, packed, digest, 16, 3)
+    )
+
+
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [
+        ((("mm", "img-a", 0),), (("mm", "img-b", 0),)),  # two images, same placeholders
+        ((("mm", "img-a", 0),), (("mm", "img-a", 1),)),  # one image, two offsets
+        ((("lora", "l", "/p1"),), (("lora", "l", "/p2"),)),  # a LoRA name re-pointed
+        (
+            (("cache_salt", "a|b"), ("cache_salt", "c")),
+            (("cache_salt", "a"), ("cache_salt", "b|c")),
+        ),
+        (("1",), (1,)),  # a str and an int
+        ((b"x",), ("x",)),  # bytes and a str
+        (((1, 2), 3), (1, (2, 3))),  # nesting
+        ((None,), ((),)),  # None and an empty tuple
+        ((True,), (1,)),  # a bool and an int
+    ],
+)
+def test_extra_key_encoding_is_injective(one: tuple[object, ...], two: tuple[object, ...]) -> None:
+    """Extra keys a serving engine tells apart never encode alike."""
+    assert encode_extra_keys(one) != encode_extra_keys(two)
+
+
+def test_no_extra_keys_encode_to_nothing() -> None:
+    """None and an empty tuple add nothing to the HMAC input."""
+    assert encode_extra_keys(None) == encode_extra_keys(()) == b""
+
+
+@pytest.mark.parametrize("bad", [(1.5,), (object(),), ({"a": 1},)])
+def test_extra_keys_without_a_canonical_encoding_are_refused(bad: tuple[object, ...]) -> None:
+    """A float, an object or a dict cannot be keyed safely: InvalidArgument."""
+    with pytest.raises(InvalidArgument):
+        encode_extra_keys(bad)

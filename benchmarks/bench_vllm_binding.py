@@ -1,0 +1,344 @@
+"""The vLLM binding's cost: one request stream through vLLM's stock scheduler and the governed one.
+
+Run: .venv/bin/python benchmarks/bench_vllm_binding.py [--quick] [--rounds N] [--cpu N]
+     (``make bench-vllm`` runs it after bench_vs_vllm.py)
+
+vLLM is needed: where this python cannot import it, the script re-runs itself with
+``.bench/vllm-venv`` (built by ``make test-vllm`` or ``make bench-vllm``); where that is
+missing too it prints a SKIP line and exits 0. CPU only, no model: the scheduler side
+of an engine step is measured, which is where the binding adds work.
+
+The stream: ``--requests`` requests (96) of ``--prompt`` tokens (1,024 = 64 blocks of
+16), 4 output tokens each, one arrival per step, so later requests can hit what earlier
+ones cached. Per run and variant the timers cover what the engine core does per request
+and step, model outputs built outside them:
+
+* **construct**: ``Request(...)`` — stock vLLM hashes the prompt here (sha256); under
+  kvgov's plugin the engine's hasher hashes nothing;
+* **add**: ``add_request`` — governed: scope, policy decision (cached), namespace, the
+  keyed chain (HMAC-SHA256 per block, kvgov's own keys);
+* **schedule**, **update**: ``schedule()`` and ``update_from_output()`` until every
+  request finished — governed: ownership, reuse audit, zeroing orders, retention check;
+* **flush** (governed): the audit writer's batch committed at the end of the run, so its
+  background work is paid inside the measurement, as on a busy server.
+
+Scenarios: distinct prompts (no prefix hits), one shared prompt (every request after the
+first hits 63 blocks), and one shared prompt over 8 tenants (governed: each tenant's first
+request misses — 7 more cold prefills, which is the isolation, not overhead; the ratio is
+reported all the same). One scheduler per variant is reused (prefix cache reset between
+runs). Each round runs a *pair*: both variants back to back, alternating which goes
+first; a ratio is the median of the per-pair ratios (``paired.py``), with p25-p75. The
+process is pinned to one CPU (``--cpu -1`` turns it off), so the audit writer competes
+with the scheduler for it. Target: governed/stock total <= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paired import ratio_stats
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_PYTHON = REPO / ".bench" / "vllm-venv" / "bin" / "python"
+BS = 16
+TARGET = 1.10
+SCENARIOS = (("distinct", 1), ("shared", 1), ("shared", 8))
+TIMERS = ("construct", "add", "schedule", "update", "flush")
+
+
+def _vllm_or_reexec(args: argparse.Namespace) -> str | None:
+    """None if vLLM imports here; else re-run under the vLLM venv, or say why we cannot."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return None
+    if args.no_reexec or not VENV_PYTHON.is_file():
+        return f"vLLM does not import in {sys.executable} and {VENV_PYTHON} is missing"
+    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:], "--no-reexec"])
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Bench:
+    """Both schedulers on one config-only model; requests, runs, rounds."""
+
+    def __init__(self, requests: int, prompt: int, workdir: Path) -> None:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ["KVGOV_KEY_SECRET"] = "bench-secret-" + "x" * 32
+        import transformers
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import KVCacheConfig
+
+        from kvgov.govern.vllm import plugin
+
+        self.n, self.prompt, self.workdir = requests, prompt, workdir
+        self.model = workdir / "model"
+        transformers.OPTConfig(
+            vocab_size=50_272,
+            max_position_embeddings=max(2048, prompt + 64),
+            architectures=["OPTForCausalLM"],
+            torch_dtype="float16",
+        ).save_pretrained(self.model)
+        # vLLM's default: sha256 over pickled blocks, at request construction
+        init_none_hash(sha256)
+        self.stock_hasher = get_request_block_hasher(BS, sha256)
+        original = KVCacheConfig.__dict__["needs_kv_cache_zeroing"]
+        plugin.register()  # what vLLM does in every process of a governed engine
+        forced = KVCacheConfig.__dict__["needs_kv_cache_zeroing"]
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        from kvgov.govern.vllm.requests import deferred_block_hasher
+        from kvgov.govern.vllm.scheduler import GovernedScheduler
+
+        # a stock engine has no kvgov plugin: its flag is vLLM's own
+        KVCacheConfig.needs_kv_cache_zeroing = original
+        self.stock = self._scheduler(Scheduler)
+        KVCacheConfig.needs_kv_cache_zeroing = forced
+        self.governed = self._scheduler(GovernedScheduler)
+        self.hashers = {"stock": self.stock_hasher, "governed": deferred_block_hasher}
+        self.scheds = {"stock": self.stock, "governed": self.governed}
+        self._prompts: dict[str, list[list[int]]] = {}
+
+    def _scheduler(self, cls: Any) -> Any:
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        num_blocks = self.n * (self.prompt // BS + 2) + 64
+        max_len = self.prompt + 64
+        audit = f"sqlite:///{self.workdir / 'audit.db'}"
+        vllm_config = VllmConfig(
+            model_config=ModelConfig(
+                model=str(self.model),
+                dtype="float16",
+                skip_tokenizer_init=True,
+                max_model_len=max_len,
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.n,
+                max_num_batched_tokens=max(self.prompt * 4, 4096),
+                max_model_len=max_len,
+                is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+            additional_config={"kvgov": {"audit_url": audit, "model_revision": "bench"}},
+        )
+        vllm_config.cache_config.num_gpu_blocks = num_blocks
+        register_all_kvcache_specs(vllm_config)
+        spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        return cls(
+            vllm_config=vllm_config,
+            kv_cache_config=KVCacheConfig(
+                num_blocks=num_blocks,
+                kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+            ),
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BS,
+            log_stats=False,
+        )
+
+    def prompts(self, scenario: str) -> list[list[int]]:
+        if scenario not in self._prompts:
+            n, length = self.n, self.prompt
+            self._prompts[scenario] = (
+                [[(i * 7919 + j) % 50_000 for j in range(length)] for i in range(n)]
+                if scenario == "distinct"
+                else [[(j * 31) % 50_000 for j in range(length)] for _ in range(n)]
+            )
+        return self._prompts[scenario]
+
+    def _reset(self, variant: str) -> Any:
+        sched = self.scheds[variant]
+        if sched.requests or not sched.reset_prefix_cache():
+            raise RuntimeError(f"{variant}: the scheduler did not drain between runs")
+        binding = getattr(sched, "kvgov", None)
+        if binding is not None:  # the reset orders every cached block zeroed: settle it
+            binding.step_returned(binding.zero_orders(), idle=True)
+        return sched
+
+    def run(self, variant: str, scenario: str, tenants: int) -> dict[str, float]:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        sched = self._reset(variant)
+        binding = getattr(sched, "kvgov", None)
+        hasher = self.hashers[variant]
+        prompts = self.prompts(scenario)
+        params = []
+        for i in range(self.n):
+            sp = copy.copy(SamplingParams(max_tokens=4, ignore_eos=True))
+            sp.extra_args = {
+                "kvgov_tenant": f"t{i % tenants}",
+                "kvgov_classification": "internal",
+                "kvgov_template": "v1",
+            }
+            params.append(sp)
+        t = dict.fromkeys(TIMERS, 0.0)
+        hits = 0
+        pending = list(range(self.n))
+        clock = time.perf_counter
+        gc.collect()
+        gc.disable()  # vLLM's engine freezes its GC heap; keep collector pauses out of both
+        cpu0 = time.process_time()
+        wall0 = clock()
+        try:
+            while pending or sched.has_requests():
+                if pending:
+                    i = pending.pop(0)
+                    t0 = clock()
+                    req = Request(
+                        request_id=f"{variant}-{i}",
+                        prompt_token_ids=prompts[i],
+                        sampling_params=params[i],
+                        pooling_params=None,
+                        block_hasher=hasher,
+                    )
+                    t1 = clock()
+                    sched.add_request(req)
+                    t["construct"] += t1 - t0
+                    t["add"] += clock() - t1
+                t0 = clock()
+                so = sched.schedule()
+                t["schedule"] += clock() - t0
+                hits += sum(new.num_computed_tokens for new in so.scheduled_new_reqs)
+                ids = list(so.num_scheduled_tokens)
+                out = ModelRunnerOutput(
+                    req_ids=ids,
+                    req_id_to_index={r: k for k, r in enumerate(ids)},
+                    sampled_token_ids=[[1000] for _ in ids],
+                    logprobs=None,
+                    prompt_logprobs_dict={},
+                    pooler_output=[],
+                )
+                t0 = clock()
+                sched.update_from_output(so, out)
+                t["update"] += clock() - t0
+            if binding is not None:
+                t0 = clock()
+                binding.gov.audit.flush()
+                t["flush"] += clock() - t0
+        finally:
+            gc.enable()
+        # CPU time of the whole process (the audit writer thread included): what the run
+        # cost, whatever other processes took from this CPU meanwhile
+        t["cpu"] = time.process_time() - cpu0
+        t["wall"] = clock() - wall0
+        t["total"] = sum(t[k] for k in TIMERS)
+        t["step"] = t["schedule"] + t["update"]
+        t["hits"] = hits
+        return t
+
+    def close(self) -> None:
+        self.governed.shutdown()
+
+
+def _pin(cpu: int | None) -> int | None:
+    if (cpu is not None and cpu < 0) or not hasattr(os, "sched_setaffinity"):
+        return None
+    chosen = sorted(os.sched_getaffinity(0))[-1] if cpu is None else cpu
+    os.sched_setaffinity(0, {chosen})
+    return chosen
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    parser.add_argument("--rounds", type=int, default=0, help="pairs per scenario (11; quick 3)")
+    parser.add_argument("--requests", type=int, default=0, help="requests per run (96; quick 32)")
+    parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens (1,024)")
+    parser.add_argument("--cpu", type=int, default=None, help="CPU to pin to (-1: none)")
+    parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rounds < 0 or args.requests < 0 or args.prompt < BS:
+        parser.error("--rounds and --requests must be >= 0, --prompt >= 16")
+    why = _vllm_or_reexec(args)
+    if why is not None:
+        print(f"SKIP: vLLM is unavailable: {why}")
+        print("RESULT vllm_available=0")
+        return 0
+    rounds = args.rounds or (3 if args.quick else 11)
+    n = args.requests or (32 if args.quick else 96)
+    cpu = _pin(args.cpu)
+    import vllm
+
+    bench = Bench(n, args.prompt, Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-")))
+    blocks = n * (args.prompt // BS)
+    print(
+        f"vLLM {vllm.__version__} scheduler, no model, CPU {cpu if cpu is not None else 'any'}: "
+        f"{n} requests x {args.prompt} tokens ({args.prompt // BS} blocks of {BS}), 4 output "
+        f"tokens, one arrival per step; {rounds} pairs per scenario"
+    )
+    print(
+        f"{'scenario':22s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "
+        f"{'us/blk':>7s} {'ratio':>6s} {'p25-p75':>11s} {'wall':>6s} {'step':>6s} "
+        f"{'hit tokens s/g':>16s}"
+    )
+    results: list[tuple[str, float, float, float]] = []
+    try:
+        for scenario, tenants in SCENARIOS:
+            label = f"{scenario}, {tenants} tenant{'s' if tenants > 1 else ''}"
+            for variant in ("stock", "governed"):  # warm-up
+                bench.run(variant, scenario, tenants)
+            pairs: list[dict[str, dict[str, float]]] = []
+            for r in range(rounds):
+                order = ("stock", "governed") if r % 2 == 0 else ("governed", "stock")
+                pairs.append({v: bench.run(v, scenario, tenants) for v in order})
+            cpu = ratio_stats((p["stock"]["cpu"], p["governed"]["cpu"]) for p in pairs)
+            wall = ratio_stats((p["stock"]["total"], p["governed"]["total"]) for p in pairs)
+            step = ratio_stats((p["stock"]["step"], p["governed"]["step"]) for p in pairs)
+            med = {
+                v: {k: _median([p[v][k] for p in pairs]) for k in pairs[0][v]}
+                for v in ("stock", "governed")
+            }
+            s, g = med["stock"], med["governed"]
+            print(
+                f"{label:22s} {s['cpu'] / n * 1e6:12.1f} {s['cpu'] / blocks * 1e6:7.2f} "
+                f"{g['cpu'] / n * 1e6:15.1f} {g['cpu'] / blocks * 1e6:7.2f} "
+                f"{cpu.median:6.3f} {cpu.p25:5.2f}-{cpu.p75:4.2f} {wall.median:6.3f} "
+                f"{step.median:6.3f} {int(s['hits']):>8d}/{int(g['hits']):<7d}"
+            )
+            detail = " ".join(
+                f"{k} {s[k] / blocks * 1e6:.2f}/{g[k] / blocks * 1e6:.2f}" for k in TIMERS
+            )
+            print(f"  wall us/blk stock/governed: {detail}")
+            results.append((f"{scenario}_{tenants}", cpu.median, wall.median, step.median))
+    finally:
+        bench.close()
+    print(
+        "ratio = governed/stock CPU time of the process over a run (the audit writer thread\n"
+        "included; other processes' load excluded), median of per-pair ratios, with p25-p75;\n"
+        "wall = the same from the timers' wall clock; step = schedule + update_from_output only"
+    )
+    print("RESULT vllm_available=1")
+    worst = max(r[1] for r in results)
+    for name, ratio, wall_ratio, step_ratio in results:
+        print(f"RESULT {name}_ratio={ratio:.3f}")
+        print(f"RESULT {name}_wall_ratio={wall_ratio:.3f}")
+        print(f"RESULT {name}_step_ratio={step_ratio:.3f}")
+    print(f"RESULT target={TARGET} {'met' if worst <= TARGET else 'MISSED'} (worst {worst:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

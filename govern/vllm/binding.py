@@ -1,0 +1,463 @@
+"""The governor on vLLM's pool: :class:`VllmGovernance`, the steps vLLM's scheduler drives.
+
+The governed scheduler (:mod:`kvgov.govern.vllm.scheduler`) calls one method
+here at each point of a request's life::
+
+    add_request        admit      scope (extra_args, engine, adapter; signed token),
+                                  admission policy, namespace and retention; swaps in
+                                  the keyed hasher, or refuses (audited)
+    schedule()         sweep_due  retention: evict what expired (cheap when nothing is due)
+      lookup           judge_hit  a hit on another tenant's blocks (share group) is
+                                  judged by the sharing policy and cut where refused
+      allocate_slots   allocated  owners of new blocks; ADMISSION (first time), REUSE /
+                                  CROSS_TENANT_REUSE from the hit vLLM committed
+      vLLM caches      (pool)     retention of newly cached blocks (_keyed)
+      output built     zero_orders  the ids that left an owner, for this step's workers
+    update_from_output step_returned  "done" for the zeroing that step carried (coalesced)
+
+Erasure (``purge_tenant``, ``invalidate``, ``sweep``, ``rotate_secret``) goes
+through :mod:`kvgov.govern.erasure`, whose pool calls reach vLLM's
+``evict_blocks`` path (:class:`~kvgov.govern.vllm.pool.GovernedBlockPool`).
+
+Everything here runs on the engine core's thread: the scheduler's calls, and
+engine utility calls (``kvgov_call``), which vLLM runs between steps.
+
+Limits (see docs/vllm.md): a request reads one namespace, the one it publishes
+in (vLLM keeps one hash chain per request), so a share group's readers that do
+not publish there find nothing; eviction priorities are vLLM's (LRU), the
+admission policy's priority is recorded, not applied.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from kvgov.audit import AuditEvent, EventType
+from kvgov.defaults import ZEROIZATION_DONE_FLUSH_SECONDS
+from kvgov.exceptions import (
+    AuditUnavailable,
+    BindingConfigError,
+    InvalidArgument,
+    InvalidScope,
+    PolicyDenied,
+    PoolClosed,
+    ScopeTokenError,
+    TenantPurging,
+)
+
+from .. import erasure, sharing
+from ..assemble import open_parts
+from ..governor import Governor
+from ..results import ErasureReport, InvalidationReport
+from ..stats import CacheStats
+from .pool import GovernedBlockPool, VllmPoolAdapter
+from .requests import RequestGovernance, governed_block_hasher, has_extra_keys
+from .scope import SCOPE_KEYS, EngineScope, ScopeResolver, revision_of
+from .scope_token import ScopeTokenVerifier
+from .settings import BindingSettings
+
+__all__ = ["SCOPE_PATH", "VllmGovernance"]
+
+#: The ``details.path`` of refusals the binding decides itself (no or bad scope, bad token).
+SCOPE_PATH = "kvgov.vllm/scope"
+
+
+class VllmGovernance:
+    """One engine's governance: the governor, vLLM's pool and the scope resolver.
+
+    Build it with :meth:`open` (the scheduler does); the constructor takes
+    ready parts (tests).
+
+    Args:
+        governor: the governor, driving ``pool`` through a :class:`VllmPoolAdapter`.
+        pool: vLLM's pool, adopted.
+        resolver: request -> scope.
+        block_size: tokens per block (vLLM's block size, equal to its hash block size).
+    """
+
+    def __init__(
+        self,
+        *,
+        governor: Governor,
+        pool: GovernedBlockPool,
+        resolver: ScopeResolver,
+        block_size: int,
+    ) -> None:
+        self.gov = governor
+        self.pool = pool
+        self.resolver = resolver
+        self.block_size = block_size
+        # zero lists handed to steps, by id(list): (list, owners at ordering)
+        self._inflight: dict[int, tuple[list[int], list[Any]]] = {}
+        # zeroing done but not yet written (step_returned): by id(owner), steps, since when
+        self._done: dict[int, tuple[Any, list[int]]] = {}
+        self._done_steps = 0
+        self._done_since: float | None = None
+        pool.kvgov_keyed = self._keyed
+        pool.kvgov_owner_table = governor.owners.table
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        pool: GovernedBlockPool,
+        block_size: int,
+        clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str],
+    ) -> VllmGovernance:
+        """Read the settings, open the governor's parts, attach them to vLLM's pool.
+
+        Raises:
+            BindingConfigError: invalid settings, or a scope token required without a key.
+            KeySecretError: no cache-key secret.
+            PolicyLoadError: the policy bundle does not load or its tests fail.
+            AuditSchemaError: the audit database needs ``kvgov db upgrade``.
+        """
+        settings = BindingSettings.load(getattr(vllm_config, "additional_config", None), environ)
+        key = settings.scope_token_key(environ)
+        if settings.require_scope_token and key is None:
+            raise BindingConfigError(
+                "require_scope_token",
+                True,
+                "needs the scope-token key: set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file",
+            )
+        verifier = (
+            None
+            if key is None
+            else ScopeTokenVerifier(key, max_ttl=settings.scope_token_max_ttl, clock=clock)
+        )
+        resolver = ScopeResolver(
+            settings, engine_scope(vllm_config.model_config, settings), verifier
+        )
+        parts = open_parts(
+            policy_dir=settings.policy_dir,
+            policy_data=settings.policy_data,
+            audit_url=settings.audit_url,
+            key_secret=settings.key_secret(),
+            ephemeral_secret=settings.ephemeral_secret,
+            clock=clock,
+            worker_id=settings.worker_id,
+            policy_engine="embedded",
+        )
+        try:
+            pool.kvgov_device = (
+                f"vllm-worker:{getattr(vllm_config.device_config, 'device_type', '?')}"
+            )
+            adapter = VllmPoolAdapter(pool, bytes_per_block(kv_cache_config))
+            governor = Governor(
+                pool=adapter,
+                policy=parts.policy,
+                audit=parts.audit,
+                deriver=parts.deriver,
+                block_size=block_size,
+                clock=clock,
+            )
+            return cls(governor=governor, pool=pool, resolver=resolver, block_size=block_size)
+        except BaseException:
+            parts.close()
+            raise
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, request: Any) -> str | None:
+        """Decide a new request; on admission, key it in its namespace.
+
+        Returns:
+            None if admitted (``request._kvgov`` set, its hasher replaced), else the
+            reason to send its client (``"kvgov: ..."``); every refusal is audited.
+        """
+        gov = self.gov
+        seq_id = str(request.request_id)
+        num_tokens = int(request.num_tokens)
+        sp = request.sampling_params
+        extra_args = sp.extra_args if sp is not None else None
+        try:
+            gov.check_open()
+            scope = self.resolver.resolve(extra_args, request.lora_request)
+        except (InvalidScope, ScopeTokenError, PoolClosed) as exc:
+            return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+        try:
+            gov.check_not_purging(scope.tenant)
+            view = gov.admission_view(scope, seq_id, num_tokens)
+            adm = gov.decide(view, seq_id, num_tokens, None)
+            # namespaces and retention only: the hasher derives the keys (with extra keys)
+            plan = gov.plan(view, b"", bool(adm.cache), 0)
+        except PolicyDenied as exc:  # audited by the governor
+            return f"kvgov: {exc}"
+        except (InvalidScope, TenantPurging) as exc:
+            return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+        except AuditUnavailable as exc:  # fail closed: nothing is admitted unaudited
+            return f"kvgov: request refused, {exc}"
+        state = RequestGovernance(
+            seq_id=seq_id,
+            num_tokens=num_tokens,
+            view=view,
+            adm=adm,
+            plan=plan,
+            deriver=gov.deriver,
+            block_size=self.block_size,
+            has_extra=has_extra_keys(request),
+        )
+        request._kvgov = state
+        if request._block_hasher is not None:  # None: prefix caching is off, nothing is hashed
+            request._block_hasher = governed_block_hasher
+            request.block_hashes.clear()  # whatever the engine's own hasher made
+            try:
+                request.update_block_hashes()
+            except InvalidArgument as exc:  # an extra key kvgov cannot encode
+                request.block_hashes.clear()
+                state.cacheable = False
+                return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+        return None
+
+    def _refuse(
+        self, seq_id: str, num_tokens: int, reason: str, extra_args: Mapping[str, Any] | None
+    ) -> str:
+        """Audit a refusal the binding decided itself; return the client's message."""
+        decision_id = f"kvgov-vllm-{uuid.uuid4().hex}"
+        claimed = {
+            k: v[:256]
+            for k, v in (extra_args or {}).items()
+            if k in SCOPE_KEYS[:3] and isinstance(v, str) and "\x00" not in v
+        }
+        self.gov.unattributed.denials["scope"] += 1
+        try:
+            self.gov.audit.record(
+                AuditEvent(
+                    type=EventType.POLICY_DENIED,
+                    sequence_id=seq_id,
+                    token_count=num_tokens,
+                    decision_id=decision_id,
+                    details={"reason": reason, "path": SCOPE_PATH, "claimed": claimed},
+                )
+            )
+        except AuditUnavailable as exc:
+            return f"kvgov: request refused ({reason}); the refusal could not be audited: {exc}"
+        return f"kvgov: {reason} (decision {decision_id})"
+
+    # ------------------------------------------------------------------ lookup and commit
+
+    def judge_hit(self, request: Any, hit_blocks: Sequence[Any]) -> int:
+        """How many leading hit blocks the request may use (its lookup just found them).
+
+        A request that publishes in its tenant's namespace finds only its tenant's
+        blocks there; in a share group, owners of other tenants are judged by the
+        sharing policy, the hit is cut at the first refusal (audited), and the
+        granting decisions are kept for the reuse audit at commit.
+        """
+        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        if state is None or not state.shared or not hit_blocks:
+            return len(hit_blocks)
+        self.drain()
+        verdict = sharing.judge(
+            self.gov, state.view, [b.block_id for b in hit_blocks], state.seq_id
+        )
+        state.granted = verdict.granted
+        return verdict.keep
+
+    def allocated(self, request: Any, new_blocks: Sequence[Any], hit_blocks: Sequence[Any]) -> None:
+        """vLLM gave the request ``new_blocks`` and committed the hit ``hit_blocks``.
+
+        Records the owner of the new blocks; audits the admission the first time and
+        every committed reuse (the owner and requester tenants, tokens reused).
+        """
+        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        if state is None:
+            return
+        gov = self.gov
+        if self.pool.kvgov_events:  # evictions and frees before the owner changes hands
+            gov.drain()
+        new_ids = [b.block_id for b in new_blocks] if new_blocks else []
+        if new_ids:
+            gov.owners.assign(new_ids, state.view.scope)
+        hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
+        if not state.admitted:
+            state.admitted = True
+            self._record_admission(state, hit_ids + new_ids, len(hit_ids) * self.block_size)
+        if hit_ids:
+            sharing.audit_reuse(gov, state.view, hit_ids, state.seq_id, state.granted)
+
+    def _record_admission(
+        self, state: RequestGovernance, block_ids: list[int], cached_tokens: int
+    ) -> None:
+        """Count the admission and write its event, as ``Governor.record_admission`` does.
+
+        Written when vLLM first gives the request blocks, so it names the blocks and the
+        reused tokens vLLM committed; the decision itself was made at ``add_request``.
+        """
+        gov = self.gov
+        view = state.view
+        counters = gov.counters[view.scope.tenant]
+        counters.requests += 1
+        counters.queried_tokens += state.num_tokens
+        counters.hit_tokens += cached_tokens
+        decision = state.adm.decision
+        gov.audit.record(
+            AuditEvent(
+                type=EventType.ADMISSION,
+                **view.fields,
+                sequence_id=state.seq_id,
+                block_ids=tuple(block_ids),
+                token_count=state.num_tokens,
+                reused_tokens=cached_tokens,
+                decision_id=decision.decision_id,
+                policy_revision=decision.bundle_revision,
+                details={
+                    "cache": state.cacheable,
+                    "priority": state.adm.priority,
+                    "reason": state.adm.reason,
+                    "requested_priority": None,
+                    "ttl_seconds": state.plan.ttl,
+                },
+            )
+        )
+
+    def _keyed(self, request: Any, block_ids: list[int]) -> None:
+        """vLLM cached the request's full blocks: give them the request's retention."""
+        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        if state is not None and state.plan.ttl is not None:
+            self.gov.deadlines.keyed(block_ids, state.plan.ttl)
+
+    # ------------------------------------------------------------------ steps
+
+    def drain(self) -> None:
+        """Turn the pool's events into owners, deadlines, counters and audit events."""
+        if self.pool.kvgov_events:
+            self.gov.drain()
+
+    def sweep_due(self) -> None:
+        """Evict what outlived its retention, if anything is due (a heap peek otherwise)."""
+        gov = self.gov
+        if gov.deadlines.next_due() <= gov.clock():
+            erasure.sweep(gov)
+
+    def zero_pending(self) -> bool:
+        """Whether ids wait for a step to carry them to the workers."""
+        return bool(self.pool.kvgov_zero)
+
+    def zero_orders(self) -> list[int] | None:
+        """The ids that left an owner since the last step: this step's ``new_block_ids_to_zero``."""
+        self.drain()
+        ids, owners = self.pool.take_zero_orders()
+        if not ids:
+            return None
+        self._inflight[id(ids)] = (ids, owners)
+        return ids
+
+    def step_returned(self, carried: list[int] | None, *, idle: bool) -> None:
+        """The step whose output carried ``carried`` came back: the workers zeroed them.
+
+        "Done" is written per owner, coalesced over steps: when the engine goes idle,
+        when the oldest unwritten one is ``ZEROIZATION_DONE_FLUSH_SECONDS`` old, at an
+        erasure and at shutdown (one event per step would double the audit trail of a
+        busy engine). ``details.steps`` says how many steps an event covers.
+        """
+        entry = self._inflight.pop(id(carried), None) if carried is not None else None
+        if entry is not None and entry[0] is carried:
+            done = self._done
+            for b, owner in zip(*entry, strict=True):
+                key = id(owner)
+                group = done.get(key)
+                if group is None:
+                    group = done[key] = (owner, [])
+                group[1].append(b)
+            self._done_steps += 1
+            if self._done_since is None:
+                self._done_since = self.gov.clock()
+        if self._done_since is not None and (
+            idle or self.gov.clock() - self._done_since >= ZEROIZATION_DONE_FLUSH_SECONDS
+        ):
+            self.flush_done()
+
+    def flush_done(self) -> None:
+        """Write the coalesced "done" zeroization events now (one per owner)."""
+        done, steps = self._done, self._done_steps
+        self._done, self._done_steps, self._done_since = {}, 0, None
+        bpb = self.pool.kvgov_bytes_per_block
+        for owner, ids in done.values():
+            self.gov.audit.record(
+                AuditEvent(
+                    type=EventType.ZEROIZATION,
+                    tenant=owner.tenant if owner is not None else None,
+                    block_ids=tuple(sorted(ids)),
+                    details={
+                        "bytes": bpb * len(ids),
+                        "device": self.pool.kvgov_device,
+                        "state": "done",
+                        "steps": steps,
+                    },
+                )
+            )
+
+    # ------------------------------------------------------------------ erasure and maintenance
+
+    def purge_tenant(self, tenant: str, live: Iterable[RequestGovernance]) -> ErasureReport:
+        """Erase a tenant (see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`).
+
+        The blocks are ordered zeroed (the next step carries them; an idle engine
+        runs one for it): the report's ``verified`` is False, the "done"
+        zeroization events follow when that step comes back.
+        """
+        self.flush_done()
+        return erasure.purge_tenant(self.gov, tenant, live)
+
+    def invalidate(
+        self, live: Iterable[RequestGovernance], filters: Mapping[str, str]
+    ) -> InvalidationReport:
+        """Drop every block of a scope matching all ``filters`` (``erasure.SCOPE_FILTERS``)."""
+        return erasure.invalidate(self.gov, dict(filters), live)
+
+    def sweep(self) -> int:
+        """Evict every cached block past its retention now; returns how many."""
+        return erasure.sweep(self.gov)
+
+    def rotate_secret(self, new_secret: bytes, live: Iterable[RequestGovernance]) -> int:
+        """Switch the cache-key secret (see :meth:`GovernedKVCache.rotate_secret`)."""
+        return erasure.rotate_secret(self.gov, new_secret, live)
+
+    def stats(self, live_sequences: int) -> CacheStats:
+        """The governor's counters and the pool's blocks by state."""
+        self.drain()
+        with self.gov.lock:
+            return self.gov.stats(live_sequences=live_sequences, orphans_recovered=0)
+
+    def close(self) -> None:
+        """Flush and close the audit trail and the policy client. Idempotent."""
+        if self.gov.closed:
+            return
+        try:
+            self.drain()
+            self.flush_done()
+        finally:
+            self.gov.close()
+
+
+def engine_scope(model_config: Any, settings: BindingSettings) -> EngineScope:
+    """The model and tokenizer fields of every scope, from vLLM's model config.
+
+    A setting overrides the engine's revision (a local model path has none);
+    a revision nobody gives is :data:`kvgov.defaults.UNVERSIONED`.
+    """
+    model = revision_of(getattr(model_config, "model", None))
+    tokenizer = getattr(model_config, "tokenizer", None) or getattr(model_config, "model", None)
+    return EngineScope(
+        model=model,
+        model_revision=revision_of(
+            settings.model_revision or getattr(model_config, "revision", None)
+        ),
+        tokenizer=revision_of(tokenizer),
+        tokenizer_revision=revision_of(
+            settings.tokenizer_revision or getattr(model_config, "tokenizer_revision", None)
+        ),
+    )
+
+
+def bytes_per_block(kv_cache_config: Any) -> int:
+    """Bytes of KV one block holds in one worker: page size times the group's layers."""
+    group = kv_cache_config.kv_cache_groups[0]
+    return int(group.kv_cache_spec.page_size_bytes) * max(1, len(group.layer_names))

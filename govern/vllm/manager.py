@@ -1,0 +1,74 @@
+"""vLLM's KV cache manager with the two governed points of a request's admission.
+
+* ``get_computed_blocks`` (the prefix lookup): a hit on another tenant's blocks
+  (possible only in a share group's namespace) is judged by the sharing policy
+  and cut at the first refusal, before vLLM commits it;
+* ``allocate_slots`` (the commit: hit blocks referenced, new blocks handed out):
+  the binding records the new blocks' owner and audits the admission and the
+  reuse vLLM actually committed.
+
+Adopted in place, like the pool: the scheduler's ``kv_cache_manager`` is
+re-classed, nothing else changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+if TYPE_CHECKING:
+    from .binding import VllmGovernance
+
+__all__ = ["GovernedKVCacheManager"]
+
+
+class GovernedKVCacheManager(KVCacheManager):
+    """vLLM's ``KVCacheManager`` that reports lookups and commits to the binding."""
+
+    #: The binding; None on a manager no governed scheduler adopted.
+    kvgov: VllmGovernance | None = None
+
+    @classmethod
+    def adopt(cls, manager: KVCacheManager, binding: VllmGovernance) -> GovernedKVCacheManager:
+        """Re-class the manager vLLM built and attach the binding."""
+        if not isinstance(manager, cls):
+            manager.__class__ = cls
+        governed: GovernedKVCacheManager = manager
+        governed.kvgov = binding
+        return governed
+
+    def get_computed_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super().get_computed_blocks(request, *args, **kwargs)
+        binding = self.kvgov
+        if binding is None or not result[1]:
+            return result
+        hit = result[0].blocks[0]
+        keep = binding.judge_hit(request, hit)
+        if keep >= len(hit):
+            return result
+        cut = self.create_kv_cache_blocks((list(hit[:keep]),))
+        return (cut, keep * binding.block_size, *result[2:])
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        result = super().allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs
+        )
+        binding = self.kvgov
+        if binding is not None and result is not None:
+            hit = ()
+            if num_new_computed_tokens and new_computed_blocks is not None:
+                hit = new_computed_blocks.blocks[0][: num_new_computed_tokens // binding.block_size]
+            new = result.blocks[0] if result.blocks else ()
+            state = getattr(request, "_kvgov", None)
+            if state is not None and (new or hit or not state.admitted):
+                binding.allocated(request, new, hit)
+        return result

@@ -1,0 +1,411 @@
+"""vLLM's block pool, governed: :class:`GovernedBlockPool` and :class:`VllmPoolAdapter`.
+
+vLLM's scheduler allocates, looks up, caches and frees blocks in its own
+``BlockPool``; the KV bytes live in the workers' tensors. The binding changes
+none of that. :class:`GovernedBlockPool` is vLLM's pool with a post-pass on
+the methods where a block changes hands, which
+
+* orders every block that leaves an owner zeroed: freed without a hash (its KV
+  is intact at the front of vLLM's free queue, the next block vLLM hands out),
+  evicted for capacity (vLLM evicts lazily as it hands a cached block out),
+  evicted on request (purge, invalidation, expiry, a KV connector), reset. The
+  ids go out with the next step's ``SchedulerOutput.new_block_ids_to_zero``;
+  the worker zeroes them before that step's forward pass, so before any new
+  owner writes them or anyone reads them;
+* reports what the governor needs as kvgov's allocator events: blocks cached
+  (``BlocksCached``: their retention starts), evicted (``BlocksEvicted``) and
+  ordered zeroed (``BlocksZeroized``, state ``"ordered"``). Allocations and hits
+  are not reported: the binding sees them where vLLM commits them (the manager's
+  ``allocate_slots``), with the request they belong to.
+
+:class:`VllmPoolAdapter` is the same pool seen through the governor's
+:class:`~kvgov.govern.protocol.GovernedPool` protocol. States, as the governor
+sees them (``ref`` is vLLM's reference count, ``hash`` its prefix-cache hash)::
+
+    OWNED   ref > 0                     (with or without a hash)
+    CACHED  ref == 0, hash              (findable, evictable)
+    FREE    ref == 0, no hash           (its zeroing is ordered, if it ever held KV)
+    DIRTY   never: a block is ordered zeroed in the same call that takes it from its
+            owner, and no one can write or read it before the worker zeroes it
+
+Block 0 is vLLM's null block (a placeholder never handed out); it counts as FREE.
+
+The pool is adopted in place (``adopt``): the coordinator, the managers and
+every ``KVCacheBlock.pool`` already point at vLLM's object, so re-classing it
+changes no reference and patches no module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_block_hash
+
+from kvgov.allocator import (
+    BlocksCached,
+    BlocksEvicted,
+    BlockState,
+    BlocksZeroized,
+    PoolCounts,
+    PoolEvent,
+    Revoked,
+)
+from kvgov.exceptions import InternalError, InvalidSpec, UnknownBlock, UnsupportedEngine
+
+__all__ = ["GovernedBlockPool", "KeyedHook", "VllmPoolAdapter"]
+
+#: Called with (request, block ids) when vLLM caches a request's full blocks.
+KeyedHook = Callable[[Any, list[int]], None]
+
+
+class GovernedBlockPool(BlockPool):
+    """vLLM's ``BlockPool`` plus zeroing orders and kvgov's pool events.
+
+    Behaviour is vLLM's: which block is handed out, hit, cached or evicted does
+    not change; only a request the binding marked not cacheable caches nothing.
+    Without a binding attached (vLLM's own pool tests build it directly) it is
+    a pure observer.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kvgov_init()
+
+    def _kvgov_init(self) -> None:
+        # Ids ordered zeroed, not yet handed to a step, and who owned each when it was
+        # ordered (the binding's owner table, read then); only this pool appends, the
+        # binding takes them (take_zero_orders).
+        self.kvgov_zero: list[int] = []
+        self.kvgov_zero_owners: list[Any] = []
+        # The governor's block -> owner table (None without a binding); read, never written.
+        self.kvgov_owner_table: list[Any] | None = None
+        # kvgov events since the adapter last took them, oldest first.
+        self.kvgov_events: list[PoolEvent] = []
+        # Where in kvgov_events the pending report of freed blocks is (_kvgov_order_zero).
+        self.kvgov_open_free: int | None = None
+        # The binding's hook for newly cached blocks (their retention); None: none.
+        self.kvgov_keyed: KeyedHook | None = None
+        # Bytes one block holds in the workers, and where (for zeroization events).
+        self.kvgov_bytes_per_block = 0
+        self.kvgov_device = "vllm-worker"
+
+    @classmethod
+    def adopt(cls, pool: BlockPool) -> GovernedBlockPool:
+        """Turn the pool vLLM built into a governed one, in place (see the module docstring)."""
+        if not isinstance(pool, cls):
+            pool.__class__ = cls
+            pool._kvgov_init()
+        governed: GovernedBlockPool = pool
+        return governed
+
+    def take_zero_orders(self) -> tuple[list[int], list[Any]]:
+        """The block ids ordered zeroed since the last call, and their owners then.
+
+        Returns:
+            The ids, each once (for the next step's output), and per id the owner
+            it had when it was ordered (None without a binding).
+        """
+        ids, owners = self.kvgov_zero, self.kvgov_zero_owners
+        self.kvgov_zero, self.kvgov_zero_owners = [], []
+        if len(set(ids)) < len(ids):  # ordered twice before a step carried it: once is enough
+            first: dict[int, Any] = {}
+            for i, owner in zip(ids, owners, strict=True):
+                first.setdefault(i, owner)
+            ids, owners = list(first), list(first.values())
+        return ids, owners
+
+    # ------------------------------------------------------------------ post-passes
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        # With caching on vLLM evicts lazily here: it hands out the first n blocks of
+        # its free queue, dropping the hash of those that still have one. Peek at them
+        # first (one walk, cheaper than wrapping the per-block eviction call).
+        if self.enable_caching and 0 < num_blocks <= self.free_block_queue.num_free_blocks:
+            extra = self.cached_block_hashes_by_block
+            blk = self.free_block_queue.fake_free_list_head.next_free_block
+            evicted: list[KVCacheBlock] = []
+            for _ in range(num_blocks):
+                if blk._block_hash is not None or (extra and blk.block_id in extra):
+                    evicted.append(blk)
+                blk = blk.next_free_block
+            if evicted:
+                self._kvgov_evicted(evicted, "capacity")
+        blocks: list[KVCacheBlock] = super().get_new_blocks(num_blocks)
+        return blocks
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        state = getattr(request, "_kvgov", None)
+        if state is not None and not state.cacheable:
+            return  # purged, invalidated or rotated while running: keep nothing more
+        super().cache_full_blocks(
+            request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs
+        )
+        if num_full_blocks > num_cached_blocks:
+            ids = [
+                b.block_id
+                for b in blocks[num_cached_blocks:num_full_blocks]
+                if b._block_hash is not None and not b.is_null
+            ]
+            if ids and self.kvgov_keyed is not None:
+                self.kvgov_keyed(request, ids)
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
+        super().free_blocks(blocks)
+        cached: list[int] = []
+        freed: list[int] = []
+        for b in blocks:
+            if b.ref_cnt or b.is_null or (b.pool is not self and b.pool is not None):
+                continue  # still owned, the placeholder, or another pool's (it reports its own)
+            (freed if b._block_hash is None else cached).append(b.block_id)
+        if cached:
+            self.kvgov_events.append(BlocksCached(tuple(cached)))
+        if freed:
+            self._kvgov_order_zero(freed, merge=True)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """vLLM's public eviction (KV connectors); kvgov's own goes through :meth:`kvgov_evict`."""
+        self.kvgov_evict(block_ids, "engine")
+
+    def reset_prefix_cache(self) -> bool:
+        hashed = [b for b in self.blocks if b._block_hash is not None and not b.is_null]
+        keys = [b._block_hash for b in hashed]
+        if not super().reset_prefix_cache():
+            return False
+        if hashed:
+            ids = [b.block_id for b in hashed]
+            self.kvgov_events.append(
+                BlocksEvicted(tuple(ids), tuple(get_block_hash(k) for k in keys), "reset")
+            )
+            self._kvgov_order_zero(ids)
+        return True
+
+    # Paths a single full-attention group never takes (the scheduler refuses the configs
+    # that would): under a binding they refuse rather than run ungoverned; a bare pool
+    # (vLLM's own pool tests) keeps vLLM's behaviour.
+
+    def unpin_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self._kvgov_refuse("HiSparse pinned blocks", "run without HiSparse")
+        super().unpin_blocks(*args, **kwargs)
+
+    def cache_partial_block(self, *args: Any, **kwargs: Any) -> Any:
+        self._kvgov_refuse(
+            "partial-block prefix caching (a hash block size below the block size)",
+            "use one KV cache group whose block size is the hash block size",
+        )
+        return super().cache_partial_block(*args, **kwargs)
+
+    def move_block_hashes(self, *args: Any, **kwargs: Any) -> None:
+        self._kvgov_refuse("copy-on-write of cached blocks (Mamba)", "serve an attention model")
+        super().move_block_hashes(*args, **kwargs)
+
+    def _kvgov_refuse(self, what: str, fix: str) -> None:
+        if self.kvgov_owner_table is not None:  # a binding governs this pool
+            raise UnsupportedEngine(what, fix)
+
+    # ------------------------------------------------------------------ kvgov's side
+
+    def kvgov_evict(self, block_ids: Iterable[int], reason: str) -> tuple[list[int], list[int]]:
+        """Drop the hash of every hashed block among ``block_ids``.
+
+        Unreferenced ones leave their owner now (BlocksEvicted, then zeroing
+        ordered); referenced ones stay with their holders, unreachable by key, and
+        are ordered zeroed when the last holder frees them (no hash then).
+
+        Returns:
+            The blocks evicted (now FREE) and those detached (still OWNED).
+
+        Raises:
+            UnknownBlock: an id is not a block of this pool (nothing was evicted).
+        """
+        blocks = self.blocks
+        n = len(blocks)
+        extra = self.cached_block_hashes_by_block
+        hashed: list[KVCacheBlock] = []
+        seen: set[int] = set()
+        for i in block_ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+                raise UnknownBlock(i, n)
+            b = blocks[i]
+            if i in seen or b.is_null:
+                continue
+            seen.add(i)
+            if b._block_hash is not None or (extra and i in extra):
+                hashed.append(b)
+        free_now = [b for b in hashed if b.ref_cnt == 0]
+        if free_now:
+            self._kvgov_evicted(free_now, reason)
+        for b in hashed:
+            self._maybe_evict_cached_block(b)
+        return [b.block_id for b in free_now], [b.block_id for b in hashed if b.ref_cnt]
+
+    def _kvgov_evicted(self, blocks: list[KVCacheBlock], reason: str) -> None:
+        """Report cached blocks leaving their owner (called before vLLM drops their hash)."""
+        ids = [b.block_id for b in blocks]
+        keys = tuple(get_block_hash(b._block_hash) if b._block_hash else b"" for b in blocks)
+        self.kvgov_events.append(BlocksEvicted(tuple(ids), keys, reason))
+        self._kvgov_order_zero(ids)
+
+    def _kvgov_order_zero(self, ids: list[int], *, merge: bool = False) -> None:
+        """Order ``ids`` zeroed: queue them for the next step, report BlocksZeroized (ordered).
+
+        ``merge`` (frees only): fold them into the pending report of freed blocks, so the
+        requests a step finishes make one report (one audit event per owner), not one
+        each. Safe: the governor reassigns an owner only after draining every report
+        before it, and a freed block has no pending eviction report that must come first.
+        """
+        self.kvgov_zero.extend(ids)
+        table = self.kvgov_owner_table
+        if table is None:
+            self.kvgov_zero_owners.extend([None] * len(ids))
+        else:
+            self.kvgov_zero_owners.extend([table[i] for i in ids])
+        events = self.kvgov_events
+        at = self.kvgov_open_free
+        if merge and at is not None and at < len(events):
+            merged = tuple(sorted(events[at].block_ids + tuple(ids)))
+            events[at] = BlocksZeroized(
+                merged, len(merged) * self.kvgov_bytes_per_block, self.kvgov_device, 0.0, "ordered"
+            )
+            return
+        events.append(
+            BlocksZeroized(
+                tuple(sorted(ids)),
+                len(ids) * self.kvgov_bytes_per_block,
+                self.kvgov_device,
+                0.0,
+                "ordered",
+            )
+        )
+        if merge:
+            self.kvgov_open_free = len(events) - 1
+
+
+class VllmPoolAdapter:
+    """The governed vLLM pool as the governor's :class:`~kvgov.govern.protocol.GovernedPool`.
+
+    vLLM's scheduler allocates, frees, looks up and keys blocks itself; the
+    governor only observes (``take_events``), evicts and revokes (purge,
+    invalidation, retention) and reads states. The four calls a binding that
+    drives its pool makes (``allocate``, ``free``, ``lookup``, ``set_keys``) are
+    never made on this pool: they raise :class:`~kvgov.exceptions.InternalError`.
+
+    Args:
+        pool: the governed pool.
+        bytes_per_block: bytes of KV one block holds across its layers, per worker.
+    """
+
+    __slots__ = ("_bytes_per_block", "_pool")
+
+    def __init__(self, pool: GovernedBlockPool, bytes_per_block: int) -> None:
+        self._pool = pool
+        self._bytes_per_block = bytes_per_block
+        pool.kvgov_bytes_per_block = bytes_per_block
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in vLLM's pool, its null block included."""
+        return int(self._pool.num_gpu_blocks)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of KV one block holds across its layers, per worker."""
+        return self._bytes_per_block
+
+    def _driven_by_vllm(self, call: str) -> InternalError:
+        return InternalError(f"{call} on vLLM's pool: vLLM's scheduler does that itself")
+
+    def allocate(self, n: int) -> list[int]:
+        """Never called: vLLM's scheduler allocates."""
+        raise self._driven_by_vllm("allocate")
+
+    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
+        """Never called: vLLM's scheduler frees."""
+        raise self._driven_by_vllm("free")
+
+    def lookup(self, keys: Iterable[bytes]) -> list[int]:
+        """Never called: vLLM's scheduler looks up."""
+        raise self._driven_by_vllm("lookup")
+
+    def set_keys(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
+    ) -> list[bool]:
+        """Never called: vLLM's scheduler caches full blocks under the request's hashes."""
+        raise self._driven_by_vllm("set_keys")
+
+    def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
+        """Evict the CACHED blocks among ``block_ids`` (retention expiry); others are left.
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a block of the pool.
+        """
+        _check_reason(reason)
+        blocks = self._pool.blocks
+        ids = list(block_ids)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(blocks):
+                raise UnknownBlock(i, len(blocks))
+        cached = [i for i in ids if blocks[i].ref_cnt == 0]
+        return self._pool.kvgov_evict(cached, reason)[0]
+
+    def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
+        """Evict the CACHED blocks among ``block_ids``, unhash the OWNED ones (purge, invalidation).
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a block of the pool.
+        """
+        _check_reason(reason)
+        evicted, detached = self._pool.kvgov_evict(block_ids, reason)
+        return Revoked(evicted=tuple(evicted), detached=tuple(detached))
+
+    def states(self, block_ids: Sequence[int]) -> list[BlockState]:
+        """Per block, its state now (see the module docstring)."""
+        blocks = self._pool.blocks
+        out = []
+        for i in block_ids:
+            b = blocks[i]
+            if b.ref_cnt > 0 and not b.is_null:
+                out.append(BlockState.OWNED)
+            elif b._block_hash is not None and not b.is_null:
+                out.append(BlockState.CACHED)
+            else:
+                out.append(BlockState.FREE)
+        return out
+
+    def counts(self) -> PoolCounts:
+        """Blocks in each state (DIRTY is always 0)."""
+        states = self.states(range(self.num_blocks))
+        return PoolCounts(
+            free=states.count(BlockState.FREE),
+            owned=states.count(BlockState.OWNED),
+            cached=states.count(BlockState.CACHED),
+            dirty=0,
+        )
+
+    def read_back_zero(self, block_ids: Sequence[int]) -> bool | None:
+        """None: the bytes live in the workers, which this process cannot read."""
+        return None
+
+    def take_events(self) -> list[PoolEvent]:
+        """kvgov events since the last call, oldest first."""
+        pool = self._pool
+        events, pool.kvgov_events = pool.kvgov_events, []
+        pool.kvgov_open_free = None
+        return events
+
+
+def _check_reason(reason: object) -> None:
+    if not isinstance(reason, str) or not reason:
+        raise InvalidSpec("reason", reason, "must be a non-empty string")

@@ -1,0 +1,311 @@
+"""The governed vLLM scheduler: select it with ``--scheduler-cls`` or ``scheduler_cls=``.
+
+::
+
+    vllm serve MODEL --scheduler-cls kvgov.govern.vllm.GovernedScheduler \\
+        --additional-config '{"kvgov": {"audit_url": "postgresql+psycopg://..."}}'
+
+It is vLLM's ``Scheduler`` (or ``AsyncScheduler`` with async scheduling: users
+name one class, :class:`GovernedScheduler` hands back the async variant) with
+the governance of :class:`~kvgov.govern.vllm.binding.VllmGovernance` at the
+points vLLM itself calls:
+
+================================  ==================================================
+``__init__``                      refuses what is not governed; adopts vLLM's pool and
+                                  manager; opens the governor (settings, policy, audit)
+``add_request``                   scope, admission, namespace, keyed hasher; a refused
+                                  request is kept out of the queues
+``schedule``                      retention sweep first (vLLM's own schedule follows)
+``_get_new_block_ids_to_zero``    the ids that left an owner go to this step's workers
+``has_requests``                  also true while zeroing or a refusal is pending, so an
+                                  idle engine runs the step that carries them
+``update_from_output``            "done" for the step's zeroing; refusals reach clients
+``shutdown``                      flushes and closes the audit trail
+================================  ==================================================
+
+``kvgov_call(op, *args)`` runs the binding's erasure and maintenance
+operations; the general plugin exposes it as an engine utility, so a client
+reaches it with ``engine_core.call_utility("kvgov_call", "purge_tenant", "acme")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from vllm.v1.core.kv_cache_coordinator import (
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+)
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.request import RequestStatus
+
+from kvgov.exceptions import InvalidArgument, UnsupportedEngine
+
+from ..erasure import SCOPE_FILTERS
+from . import compat, plugin
+from .binding import VllmGovernance
+from .manager import GovernedKVCacheManager
+from .pool import GovernedBlockPool
+from .requests import RequestGovernance
+
+__all__ = ["GovernedAsyncScheduler", "GovernedScheduler", "GovernedSchedulerMixin"]
+
+#: The operations ``kvgov_call`` runs.
+OPERATIONS = ("invalidate", "purge_tenant", "rotate_secret", "state", "stats", "sweep")
+
+
+class GovernedSchedulerMixin:
+    """The governance, mixed in before vLLM's ``Scheduler`` or ``AsyncScheduler``.
+
+    A test may build the scheduler with ``object.__new__`` and set only vLLM's
+    attributes, so every override falls back to vLLM's behaviour when
+    :attr:`kvgov` is None.
+    """
+
+    #: The clock of retention and audit times; a subclass may inject another.
+    kvgov_clock: ClassVar[Callable[[], float]] = staticmethod(time.time)
+    #: The binding; None until ``__init__`` opened it.
+    kvgov: VllmGovernance | None = None
+
+    # vLLM's scheduler attributes the governance uses (set by vLLM's __init__)
+    vllm_config: Any
+    kv_cache_config: Any
+    kv_cache_manager: Any
+    hash_block_size: int
+    requests: dict[str, Any]
+    _free_request: Callable[..., Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        plugin.check_registered()
+        compat.check_version()
+        super().__init__(*args, **kwargs)
+        self._kvgov_refused: dict[str, tuple[Any, str]] = {}
+        _check_governable(self)
+        pool = GovernedBlockPool.adopt(self.kv_cache_manager.block_pool)
+        binding = VllmGovernance.open(
+            vllm_config=self.vllm_config,
+            kv_cache_config=self.kv_cache_config,
+            pool=pool,
+            block_size=self.hash_block_size,
+            clock=type(self).kvgov_clock,
+            environ=os.environ,
+        )
+        GovernedKVCacheManager.adopt(self.kv_cache_manager, binding)
+        self.kvgov = binding
+        #: read by the plugin's engine hook: the engine need not hash requests
+        self.kvgov_defers_hashing = True
+
+    # ------------------------------------------------------------------ request path
+
+    def add_request(self, request: Any) -> None:
+        binding = self.kvgov
+        if binding is None or request.request_id in self.requests:
+            super().add_request(request)  # type: ignore[misc]  # a streaming continuation
+            return
+        refusal = binding.admit(request)
+        if refusal is None:
+            super().add_request(request)  # type: ignore[misc]
+            return
+        # known (so an abort finds it), never queued nor scheduled, finished with the
+        # reason at the next update_from_output
+        self.requests[request.request_id] = request
+        self._kvgov_refused[request.request_id] = (request, refusal)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.kvgov is not None:
+            self.kvgov.sweep_due()
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _get_new_block_ids_to_zero(self) -> list[int] | None:
+        binding = self.kvgov
+        if binding is None:
+            return super()._get_new_block_ids_to_zero()  # type: ignore[misc, no-any-return]
+        # what the forced flag makes vLLM record (every new block): not needed, every
+        # block that left an owner was ordered zeroed already (docs/vllm.md, "Cost")
+        self.kv_cache_manager.take_new_block_ids()
+        return binding.zero_orders()
+
+    def has_requests(self) -> bool:
+        if super().has_requests():  # type: ignore[misc]
+            return True
+        binding = self.kvgov
+        return binding is not None and (binding.zero_pending() or bool(self._kvgov_refused))
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        binding = self.kvgov
+        if binding is None:
+            return outputs
+        if self._kvgov_refused:
+            self._kvgov_deliver_refusals(outputs)
+        binding.drain()
+        binding.step_returned(scheduler_output.new_block_ids_to_zero, idle=not self.has_requests())
+        return outputs
+
+    def _kvgov_deliver_refusals(self, outputs: dict[int, Any]) -> None:
+        refused, self._kvgov_refused = self._kvgov_refused, {}
+        for req_id, (request, message) in refused.items():
+            if req_id not in self.requests or self.requests[req_id] is not request:
+                continue  # aborted meanwhile: vLLM finished it
+            request.status = RequestStatus.FINISHED_ERROR
+            request.stop_reason = message
+            self._free_request(request)
+            out = compat.error_output(request, message)
+            batch = outputs.get(request.client_index)
+            if batch is None:
+                outputs[request.client_index] = batch = EngineCoreOutputs(outputs=[])
+            batch.outputs.append(out)
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()  # type: ignore[misc]
+        finally:
+            if self.kvgov is not None:
+                self.kvgov.close()
+
+    # ------------------------------------------------------------------ operations
+
+    def kvgov_live(self) -> list[RequestGovernance]:
+        """The governance of every request vLLM still holds."""
+        return [s for r in self.requests.values() if (s := getattr(r, "_kvgov", None)) is not None]
+
+    def kvgov_call(self, op: str, *args: Any) -> Any:
+        """Run an erasure or maintenance operation; results are plain dicts.
+
+        Operations: ``purge_tenant(tenant)``, ``invalidate({field: value})``,
+        ``sweep()``, ``rotate_secret(secret_bytes)``, ``stats()``, ``state()``
+        (block ids by state and pending zeroing, for checks).
+
+        Raises:
+            InvalidArgument: an unknown operation, or wrong arguments.
+            UnsupportedEngine: the scheduler is not governed.
+        """
+        binding = self.kvgov
+        if binding is None:
+            raise UnsupportedEngine("this scheduler", "it was not built by vLLM's engine")
+        if op not in OPERATIONS:
+            raise InvalidArgument("op", op, f"one of {OPERATIONS}")
+        try:
+            if op == "purge_tenant":
+                (tenant,) = args
+                return _plain(binding.purge_tenant(tenant, self.kvgov_live()))
+            if op == "invalidate":
+                (filters,) = args
+                if not isinstance(filters, dict) or not set(filters) <= set(SCOPE_FILTERS):
+                    raise InvalidArgument("filters", filters, f"a dict of {SCOPE_FILTERS}")
+                return _plain(binding.invalidate(self.kvgov_live(), filters))
+            if op == "rotate_secret":
+                (secret,) = args
+                return binding.rotate_secret(secret, self.kvgov_live())
+            if op == "stats":
+                return _plain(binding.stats(len(self.requests)))
+            if op == "state":
+                return _pool_state(binding)
+            return binding.sweep()
+        except ValueError as exc:  # a wrong number of arguments
+            if isinstance(exc, InvalidArgument):
+                raise
+            raise InvalidArgument("args", list(args), f"the arguments of {op}") from None
+
+
+class GovernedScheduler(GovernedSchedulerMixin, Scheduler):
+    """vLLM's scheduler, governed: ``--scheduler-cls kvgov.govern.vllm.GovernedScheduler``.
+
+    With async scheduling on (vLLM's default for a custom class when the platform
+    supports it), constructing it returns a :class:`GovernedAsyncScheduler`.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("vllm_config") or (args[0] if args else None)
+        if (
+            cls is GovernedScheduler
+            and config is not None
+            and getattr(config.scheduler_config, "async_scheduling", False)
+        ):
+            # not an instance of cls, so Python does not call __init__ on it again
+            return GovernedAsyncScheduler(*args, **kwargs)
+        return super().__new__(cls)
+
+
+class GovernedAsyncScheduler(GovernedSchedulerMixin, AsyncScheduler):
+    """vLLM's async scheduler, governed by kvgov."""
+
+
+def _check_governable(sched: Any) -> None:
+    """Refuse every configuration whose KV the binding does not govern.
+
+    Raises:
+        UnsupportedEngine: more than one KV cache group (hybrid attention,
+            encoder-decoder cross attention, Mamba), a group that is not plain full
+            attention (sliding window, chunked local, sink, HiSparse), a hash block
+            size other than the block size, lookahead hashing (EAGLE/MTP) or a KV
+            connector (external KV bypasses the keys).
+    """
+    groups = sched.kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise UnsupportedEngine(
+            f"a KV cache of {len(groups)} groups (hybrid or encoder-decoder models, Mamba)",
+            "serve a decoder-only attention model with one KV cache group",
+        )
+    coordinator = sched.kv_cache_manager.coordinator
+    if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
+        raise UnsupportedEngine(f"the {type(coordinator).__name__}", "use one KV cache group")
+    managers = coordinator.single_type_managers
+    if any(type(m) is not FullAttentionManager for m in managers):
+        names = sorted({type(m).__name__ for m in managers})
+        raise UnsupportedEngine(
+            f"KV cache managers {names}", "serve a model whose layers all use full attention"
+        )
+    if sched.hash_block_size != groups[0].kv_cache_spec.block_size:
+        raise UnsupportedEngine(
+            f"a hash block size of {sched.hash_block_size} with blocks of "
+            f"{groups[0].kv_cache_spec.block_size} tokens",
+            "use one block size",
+        )
+    if compat.hash_lookahead_tokens(sched.vllm_config):
+        raise UnsupportedEngine(
+            "lookahead block hashing (EAGLE / MTP speculative decoding)",
+            "serve without a drafter that needs lookahead hashing",
+        )
+    if sched.connector is not None:
+        raise UnsupportedEngine(
+            "a KV connector (its external hits bypass the scoped keys)",
+            "serve without --kv-transfer-config",
+        )
+
+
+def _plain(result: Any) -> Any:
+    """A dataclass result as plain dicts and lists (engine utility calls serialize them)."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return {f.name: _plain(getattr(result, f.name)) for f in dataclasses.fields(result)}
+    if isinstance(result, dict) or hasattr(result, "items"):
+        return {k: _plain(v) for k, v in result.items()}
+    if isinstance(result, tuple | list):
+        return [_plain(v) for v in result]
+    return result
+
+
+def _pool_state(binding: VllmGovernance) -> dict[str, Any]:
+    """Block ids by state, and the zeroing ordered but not yet carried by a step."""
+    binding.drain()
+    owned, cached = [], []
+    for b in binding.pool.blocks:
+        if b.is_null:
+            continue
+        if b.ref_cnt:
+            owned.append(b.block_id)
+        elif b._block_hash is not None:
+            cached.append(b.block_id)
+    return {
+        "num_blocks": len(binding.pool.blocks),
+        "owned": owned,
+        "cached": cached,
+        "pending_zero": list(binding.pool.kvgov_zero),
+    }

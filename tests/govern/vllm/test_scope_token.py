@@ -1,0 +1,112 @@
+"""Signed scope tokens (no vLLM needed): layout, verification, every way a token is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any
+
+import pytest
+
+from kvgov.exceptions import BindingConfigError, ScopeTokenError
+from kvgov.govern.vllm.scope_token import (
+    ScopeTokenVerifier,
+    scope_token_message,
+    sign_scope_token,
+)
+
+from ..conftest import FakeClock
+
+KEY = b"front-end-key-" + b"x" * 32
+FIELDS = {"tenant": "acme", "classification": "internal", "template_version": "sys-v3"}
+
+
+def _sign(clock: FakeClock, ttl: int = 60, key: bytes = KEY, **fields: Any) -> str:
+    return sign_scope_token(key, **{**FIELDS, **fields}, expires_at=int(clock()) + ttl)
+
+
+def test_the_message_is_length_prefixed_fields_and_a_u64_expiry() -> None:
+    """The signed bytes are the documented layout (a separate encoder recomputes them)."""
+
+    def field(v: str) -> bytes:
+        raw = v.encode()
+        return b"\x01" + len(raw).to_bytes(4, "big") + raw
+
+    expected = (
+        b"kvgov.scope-token.v1\x00"
+        + field("acme")
+        + field("internal")
+        + field("sys-v3")
+        + (1_700_000_060).to_bytes(8, "big")
+    )
+    assert scope_token_message(**FIELDS, expires_at=1_700_000_060) == expected
+    token = sign_scope_token(KEY, **FIELDS, expires_at=1_700_000_060)
+    assert token == "v1.1700000060." + hmac.digest(KEY, expected, hashlib.sha256).hex()
+
+
+def test_a_token_over_exactly_these_fields_verifies() -> None:
+    """The engine accepts the front end's token for the fields it signed."""
+    clock = FakeClock()
+    ScopeTokenVerifier(KEY, clock=clock).verify(_sign(clock), **FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("token", "fields", "why"),
+    [
+        (None, {}, "no kvgov_scope_token"),
+        (7, {}, "must be a string"),
+        ("v1.abc.00", {}, "v1.<expiry>.<mac>"),
+        ("v2.1700000060.00", {}, "v1.<expiry>.<mac>"),
+        ("v1.1700000060.zz", {}, "not hex"),
+        ("sign:other-tenant", {}, "does not match"),
+        ("sign:ok", {"classification": "public"}, "does not match"),
+        ("sign:ok", {"template_version": "sys-v4"}, "does not match"),
+        ("sign:other-key", {}, "does not match"),
+        ("sign:expired", {}, "expired"),
+        ("sign:too-long", {}, "short-lived"),
+        ("x" * 500, {}, "must be a string"),
+    ],
+)
+def test_every_bad_token_is_refused(token: Any, fields: dict[str, str], why: str) -> None:
+    """Missing, malformed, forged, for another scope, expired, or valid for too long: refused."""
+    clock = FakeClock()
+    if token == "sign:other-tenant":
+        token = _sign(clock, tenant="globex")
+    elif token == "sign:ok":
+        token = _sign(clock)
+    elif token == "sign:other-key":
+        token = _sign(clock, key=b"k" * 40)
+    elif token == "sign:expired":
+        token = _sign(clock, ttl=0)
+    elif token == "sign:too-long":
+        token = _sign(clock, ttl=301)
+    with pytest.raises(ScopeTokenError, match=why.replace(".", r"\.")):
+        ScopeTokenVerifier(KEY, clock=clock).verify(token, **{**FIELDS, **fields})
+
+
+def test_separator_games_do_not_collide() -> None:
+    """("a|b", "c") and ("a", "b|c") sign differently."""
+    one = scope_token_message(tenant="a|b", classification="c", template_version="t", expires_at=1)
+    two = scope_token_message(tenant="a", classification="b|c", template_version="t", expires_at=1)
+    assert one != two
+
+
+@pytest.mark.parametrize("key", [b"short", "a-str-key-of-enough-length-xxxxxxxxxxxx"])
+def test_a_short_or_non_bytes_key_is_refused(key: Any) -> None:
+    """The key must be at least 32 bytes, on both sides."""
+    with pytest.raises(BindingConfigError):
+        ScopeTokenVerifier(key)
+    with pytest.raises(BindingConfigError):
+        sign_scope_token(key, **FIELDS, expires_at=1)
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), True, "60"])
+def test_max_ttl_must_be_a_positive_number(ttl: Any) -> None:
+    """A non-positive, non-finite or non-number maximum lifetime is a configuration error."""
+    with pytest.raises(BindingConfigError):
+        ScopeTokenVerifier(KEY, max_ttl=ttl)
+
+
+def test_the_key_never_shows_in_a_repr() -> None:
+    """Logs and tracebacks do not reveal the key."""
+    assert "front-end-key" not in repr(ScopeTokenVerifier(KEY))

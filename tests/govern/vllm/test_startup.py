@@ -1,0 +1,173 @@
+"""What the governed scheduler refuses at start, and what it adopts from vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgov.exceptions import UnsupportedEngine
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = list(range(500, 660))
+
+
+def _spec(kind: str) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    if kind == "sliding":
+        return SlidingWindowSpec(
+            block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=64
+        )
+    return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("specs", "what"),
+    [
+        (["full", "sliding"], "a KV cache of 2 groups"),
+        (["sliding"], "SlidingWindowManager"),
+    ],
+    ids=["hybrid", "sliding-window"],
+)
+def test_a_cache_layout_kvgov_does_not_govern_is_refused(
+    vllm: Any, specs: list[str], what: str
+) -> None:
+    """Hybrid or non-full-attention KV caches: refused at start, never run ungoverned."""
+    with pytest.raises(UnsupportedEngine, match=what):
+        vllm.scheduler(specs=[_spec(s) for s in specs])
+
+
+def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
+    """External KV loads bypass the scoped keys: a KV connector is refused at start."""
+    from vllm.config import KVTransferConfig
+
+    connector = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+    )
+    with pytest.raises(UnsupportedEngine, match="KV connector"):
+        vllm.scheduler(kv_transfer_config=connector)
+
+
+def test_lookahead_hashing_is_refused(vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EAGLE/MTP lookahead hashing (vLLM 0.33) is not mirrored by kvgov's chain: refused."""
+    from kvgov.govern.vllm import compat
+
+    monkeypatch.setattr(compat, "hash_lookahead_tokens", lambda config: 1)
+    with pytest.raises(UnsupportedEngine, match="lookahead"):
+        vllm.scheduler()
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("0.32.0", True), ("0.33.1", True), ("0.31.2", False), ("0.34.0", False), ("1.0.0", False)],
+)
+def test_only_the_tested_vllm_minors_are_accepted(version: str, ok: bool) -> None:
+    """0.32.x and 0.33.x run; any other version is refused with what to install."""
+    from kvgov.govern.vllm import compat
+
+    if ok:
+        compat.check_version(version)
+    else:
+        with pytest.raises(UnsupportedEngine, match="kvgov\\[vllm\\]"):
+            compat.check_version(version)
+
+
+def test_without_the_plugin_the_scheduler_refuses_to_start(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If kvgov's general plugin did not run, the workers would not zero: refuse to start."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    monkeypatch.setattr(
+        KVCacheConfig, "needs_kv_cache_zeroing", property(lambda self: False), raising=True
+    )
+    with pytest.raises(UnsupportedEngine, match="plugin did not run"):
+        vllm.scheduler()
+
+
+def test_the_plugin_is_idempotent_and_forces_zeroing(vllm: Any) -> None:
+    """Registering twice changes nothing; every KV cache config then asks for zeroing."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    from kvgov.govern.vllm import plugin
+
+    hook = EngineCore.preprocess_add_request
+    plugin.register()
+    assert EngineCore.preprocess_add_request is hook
+    assert KVCacheConfig(
+        num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[]
+    ).needs_kv_cache_zeroing
+
+
+def test_the_governed_classes_adopt_vllms_objects(vllm: Any) -> None:
+    """vLLM's pool and manager are re-classed in place: every reference stays the same object."""
+    sched = vllm.scheduler()
+    manager = sched.kv_cache_manager
+    assert type(manager).__name__ == "GovernedKVCacheManager"
+    assert type(manager.block_pool).__name__ == "GovernedBlockPool"
+    assert manager.coordinator.block_pool is manager.block_pool
+    assert all(b.pool is manager.block_pool for b in manager.block_pool.blocks)
+    assert sched.kvgov_defers_hashing
+
+
+def test_async_scheduling_gets_the_async_variant(vllm: Any) -> None:
+    """Users name one class; with async scheduling on it hands back the governed async one."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from kvgov.govern.vllm import GovernedAsyncScheduler
+
+    sched = vllm.scheduler(async_scheduling=True)
+    assert isinstance(sched, GovernedAsyncScheduler) and isinstance(sched, AsyncScheduler)
+    vllm.run(sched, vllm.request("a", PROMPT))
+    assert vllm.hit(sched, vllm.request("g", PROMPT, tenant="globex")) == 0
+    assert vllm.hit(sched, vllm.request("a2", PROMPT)) == 144
+    vllm.run(sched)
+    assert vllm.worker(sched).remnants(sched) == []
+    sched.kvgov.gov._check_invariants()
+
+
+def test_kvgov_call_refuses_unknown_operations(vllm: Any) -> None:
+    """The engine utility runs only the binding's operations, with their arguments."""
+    from kvgov.exceptions import InvalidArgument
+
+    sched = vllm.scheduler()
+    with pytest.raises(InvalidArgument):
+        sched.kvgov_call("shutdown")
+    with pytest.raises(InvalidArgument):
+        sched.kvgov_call("purge_tenant")
+    with pytest.raises(InvalidArgument):
+        sched.kvgov_call("invalidate", {"tenant": "acme"})
+    assert sched.kvgov_call("sweep") == 0
+
+
+def test_prefix_caching_off_still_governs_admission_and_zeroing(vllm: Any) -> None:
+    """Without prefix caching nothing is hashed or reused, refusals and zeroing still hold."""
+    sched = vllm.scheduler(caching=False)
+    vllm.run(sched, vllm.request("a", PROMPT), vllm.request("b", PROMPT))
+    assert vllm.run(sched, vllm.request("x", PROMPT, tenant=None)).finals["x"].stop_reason
+    assert vllm.worker(sched).remnants(sched) == []
+    assert len(vllm.events(sched, type="admission")) == 2
+
+
+def test_a_governed_engine_does_not_hash_requests_twice(vllm: Any) -> None:
+    """The plugin's engine hook gives a governed engine the deferred hasher (the scheduler
+    hashes each request once, in its namespace); a stock engine keeps vLLM's."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine.core import EngineCore
+
+    from kvgov.govern.vllm.requests import deferred_block_hasher
+
+    vllm_hasher = object()
+    for sched, expected in ((vllm.scheduler(), deferred_block_hasher), (vllm.stock(), vllm_hasher)):
+        engine = SimpleNamespace(request_block_hasher=vllm_hasher, scheduler=sched)
+        with pytest.raises((AttributeError, TypeError)):  # the rest needs a real engine
+            EngineCore.preprocess_add_request(engine, None)
+        assert engine.request_block_hasher is expected
