@@ -5,6 +5,9 @@
   wait holds the cache lock).
 * The policy engine down at start, then back: admissions are refused (audited)
   while it is down and served when it returns.
+* The policy engine down mid-run, under load: every admission that needs a new
+  decision is refused and audited, decisions already cached keep answering, nothing
+  crashes or leaks a block, and service resumes when OPA returns, without a restart.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kvgov.policy.embedded import EmbeddedEngine
 from tests.policy.opa_fake import FakeOpa
 
 from .conftest import FaultReport, ProxiedPg
+from .proxy import FreezableProxy
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.float32)
 SECRET = b"k" * 32
@@ -140,18 +144,26 @@ def test_purge_under_a_frozen_database_spools_and_stalls_nobody(
     )
 
 
+def _cache_on_opa(
+    tmp_path: Path, opa_url: str, *, num_blocks: int, timeout: float
+) -> tuple[str, GovernedKVCache]:
+    """A governed cache deciding on the OPA server at opa_url, auditing to SQLite."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    cache = GovernedKVCache.create(
+        spec=SPEC,
+        num_blocks=num_blocks,
+        audit_url=url,
+        key_secret=SECRET,
+        policy_engine=OpaServerEngine(opa_url, timeout=timeout),
+    )
+    return url, cache
+
+
 def test_policy_engine_down_at_start_then_back(tmp_path: Path, fault_report: FaultReport) -> None:
     """Down at creation: refused and audited; back: served, without a restart."""
     opa = FakeOpa(EmbeddedEngine())
     opa.mode = "error500"
-    url = f"sqlite:///{tmp_path / 'audit.db'}"
-    cache = GovernedKVCache.create(
-        spec=SPEC,
-        num_blocks=16,
-        audit_url=url,
-        key_secret=SECRET,
-        policy_engine=OpaServerEngine(opa.url, timeout=2.0),
-    )
+    url, cache = _cache_on_opa(tmp_path, opa.url, num_blocks=16, timeout=2.0)
     refused = 0
     try:
         for i in range(3):
@@ -176,4 +188,95 @@ def test_policy_engine_down_at_start_then_back(tmp_path: Path, fault_report: Fau
         lost=0,
         critical_lost=0,
         refused=refused,
+    )
+
+
+def test_policy_engine_down_mid_run(tmp_path: Path, fault_report: FaultReport) -> None:
+    """OPA killed while two tenants are being served, then back on the same address."""
+    opa = FakeOpa(EmbeddedEngine())
+    host, port = opa.url.removeprefix("http://").split(":")
+    proxy = FreezableProxy((host, int(port)))
+    proxy.start()
+    url, cache = _cache_on_opa(
+        tmp_path, f"http://127.0.0.1:{proxy.port}", num_blocks=256, timeout=0.5
+    )
+    phase = ["up"]
+    outcomes: list[tuple[str, str]] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        n = 0
+        while not done.is_set():
+            tenant = ("acme", "globex")[n % 2]
+            # 8 shared prompt tokens per tenant, then a (length, priority) pair no other
+            # request has: every admission asks the engine a question it has not answered
+            # before (the decision cache's key), for 40,400 requests, while a request stays
+            # under 110 blocks however fast the machine is (a length that grew with n ran a
+            # fast CI machine out of its 256 blocks)
+            priority = n % 101
+            length = 1 + (n // 101) % 400
+            tokens = [7] * 8 + list(range(1000, 1000 + length))
+            now = phase[0]
+            try:
+                cache.admit(f"r{n}", _scope(tenant), tokens, priority)
+                cache.release(f"r{n}")
+                outcomes.append((now, "served"))
+            except PolicyDenied as exc:
+                outcomes.append((now, "refused:" + exc.reason))
+            except BaseException as exc:  # anything else is a failure of the test
+                failures.append(exc)
+                return
+            n += 1
+
+    worker = threading.Thread(target=serve)
+    worker.start()
+    try:
+        time.sleep(0.6)
+        phase[0] = "down"
+        proxy.kill()
+        time.sleep(1.0)
+        phase[0] = "back"
+        proxy.start()
+        time.sleep(0.8)
+    finally:
+        done.set()
+        worker.join(timeout=30)
+    try:
+        assert not failures, failures
+        by_phase = {p: [o for q, o in outcomes if q == p] for p in ("up", "down", "back")}
+        # requests in flight when a phase changed may straddle it: judge the middle ones
+        assert by_phase["up"] and all(o == "served" for o in by_phase["up"][:-1])
+        down = by_phase["down"][1:-1]
+        assert down, "no admission ran while OPA was down"
+        assert all(o.startswith("refused:") and "unreachable" in o for o in down), down
+        back = by_phase["back"][2:]
+        assert back and all(o == "served" for o in back), by_phase["back"]
+        cache.audit.flush()
+        refused = [o for _, o in outcomes if o.startswith("refused:")]
+        errors = AuditQueries(url).events(type="policy_error")
+        assert len(errors) >= len(refused) > 0
+        stats = cache.stats()
+        assert stats.live_sequences == 0
+        # A decision already cached (made while OPA was up, same bundle revision)
+        # still answers while OPA is down: the same request is admitted again.
+        # No serve() request left the priority to the policy, so "again" asks OPA.
+        cache.admit("again", _scope("acme"), [7] * 8 + [1000])
+        proxy.kill()
+        cache.release("again")
+        cache.admit("cached", _scope("acme"), [7] * 8 + [1000])
+        cache.release("cached")
+    finally:
+        cache.close()
+        proxy.kill()
+        opa.close()
+    written = sum(AuditQueries(url).counts().values())
+    fault_report.add(
+        "policy engine down mid-run",
+        written=written,
+        spooled=0,
+        quarantined=0,
+        lost=0,
+        critical_lost=0,
+        refused=len(refused),
     )
