@@ -85,3 +85,31 @@ _values = st.recursive(
 def test_the_fast_path_equals_the_reference(value: Any) -> None:
     """For any JSON value in RFC 8785's domain, the C-encoder path gives rfc8785's text."""
     assert canonical_json(value) == reference_json(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3.0, "3"),
+        ([3.0], "[3]"),
+        ([-0.0, 1], "[0,1]"),
+        ({"a": 10.0}, '{"a":10}'),
+        ({"a": [1e-05]}, '{"a":[0.00001]}'),
+        ([1.5e16], "[15000000000000000]"),
+        ([1e21, 1e-7], "[1e+21,1e-7]"),
+        ({"\U0001f600": 1, "\ufb33": 2}, '{"\U0001f600":1,"\ufb33":2}'),
+        (["v1.0", "2e-3", 1234567890123456], '["v1.0","2e-3",1234567890123456]'),
+    ],
+)
+def test_every_place_the_c_encoder_differs_is_caught(value: Any, text: str) -> None:
+    """A float or key Python writes otherwise is found wherever it sits (and false alarms hold)."""
+    assert canonical_json(value) == text
+
+
+def test_a_circular_value_is_a_value_error() -> None:
+    """The encoder skips json's circular check: the recursion it ends in is a ValueError."""
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="circular"):
+        canonical_json(loop)
+    assert canonical_json([[1]]) == "[[1]]"  # and the encoder still works after it
