@@ -2,13 +2,13 @@
 
 Each stream (one writer) keeps its own chain, so many workers can append to one
 database without coordinating. An event's hash covers every stored field except
-the two hashes themselves; the previous hash links it to
-the event before it in the same stream.
+the two hashes themselves and ``chain_format``, which the version tag stands for;
+the previous hash links it to the event before it in the same stream.
 
 Byte layout (``canonical_event_bytes``)::
 
-    canonical = ASCII bytes of the compact JSON array
-        ["kvgov-audit-1", stream, seq, time_us, type,
+    canonical = the JSON array, compact, encoded as below per chain format
+        [tag, stream, seq, time_us, type,
          tenant, requester_tenant, classification,
          model, model_revision, adapter, adapter_revision,
          tokenizer, tokenizer_revision, template_version,
@@ -18,105 +18,117 @@ Byte layout (``canonical_event_bytes``)::
     hash(event_1) = SHA-256(32 zero bytes || canonical(event_1))     # GENESIS_HASH
     hash(event_n) = SHA-256(hash(event_n-1) || canonical(event_n))
 
-JSON rules (what makes the form survive a PostgreSQL JSONB or SQLite round trip):
+Two chain formats; each row's ``chain_format`` column says which one its hash uses, and
+the tag (hashed) says it again, so the column cannot be flipped without breaking the
+hash. A stream may hold both (a writer upgraded mid-stream): ``prev_hash`` links across.
 
-* separators ``,`` and ``:`` with no spaces; object keys sorted by code point
-  (JSONB reorders keys); every non-ASCII character escaped as ``\\uXXXX``
-  (so the bytes are pure ASCII);
-* ``seq``, ``time_us`` (integer microseconds since 1970-01-01 UTC; SQLite drops
-  time zones, integers do not), counts and block ids are JSON integers; absent
-  values are ``null``; ``block_ids`` is an array, ``details`` an object;
-* a float in ``details`` with an integral value is written as the integer
-  (:class:`kvgov.audit.AuditEvent` converts it on construction); other floats as
-  Python's shortest round-trip ``repr``; NaN and infinities are refused.
+**Format 2** (``tag = "kvgov-audit-2"``, every row written since the ``0004_chain_format``
+revision): the UTF-8 bytes of the RFC 8785 (JCS) text of the array
+(:func:`kvgov.canonical.canonical_json`): strings as they are (non-ASCII and DEL raw;
+``"``, ``\\`` and controls escaped), ``details`` members sorted by UTF-16 code units,
+numbers in ECMAScript's shortest form (``0.00001``, ``1e+21``, ``3.0`` is ``3``). Every
+integer is within +-(2**53 - 1): :class:`kvgov.audit.AuditEvent` refuses larger counts,
+block ids and ``details`` integers, and keeps an integral ``details`` float beyond that
+range a float (``1e20`` is written ``100000000000000000000``). ``seq`` and ``time_us``
+are far below it (``time_us`` reaches it in the year 2255).
 
-The known-answer vectors in ``tests/vectors/chain_*.json`` pin this layout.
+**Format 1** (``tag = "kvgov-audit-1"``, rows stored before that revision, and the
+server default of the column): ASCII bytes of Python's ``json`` with sorted keys, ``,``
+and ``:`` separators, every non-ASCII character (and DEL) escaped as ``\\uXXXX``
+(UTF-16 surrogate pairs above U+FFFF), keys sorted by code point, floats as Python's
+``repr`` (``1e-05``, integral ones already ints), integers of any size in decimal.
+
+In both formats ``seq``, ``time_us`` (integer microseconds since 1970-01-01 UTC; SQLite
+drops time zones, integers do not), counts and block ids are JSON integers; absent
+values are ``null``; ``block_ids`` is an array, ``details`` an object; NaN and
+infinities are refused. Both forms survive a PostgreSQL JSONB or SQLite round trip: the
+verifier re-encodes what JSONB returns (:data:`FORMATS` ``load``, strict about numbers in
+format 2: a number must be exactly the double the text names).
+
+The known-answer vectors in ``tests/vectors/chain_*.json`` pin both layouts, and
+``tests/vectors/trail_format1.json`` is a trail written before format 2 existed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from functools import partial
 from operator import itemgetter
-from typing import Any, Final, NewType
+from types import MappingProxyType
+from typing import Any, Final, NamedTuple, NewType
+
+from kvgov.canonical import JCS_INT_MAX
+from kvgov.canonical import canonical_json as jcs
 
 __all__ = [
     "CANONICAL_VERSION",
+    "CHAIN_FORMAT",
+    "FORMATS",
     "GENESIS_HASH",
     "BlockIdsJson",
+    "ChainFormat",
     "ChainHash",
     "canonical_event_bytes",
     "canonical_json",
     "canonical_prefix",
     "chain_hash",
-    "fast_json",
 ]
 
 #: A 32-byte SHA-256 chain hash (distinct from cache keys and other bytes).
 ChainHash = NewType("ChainHash", bytes)
 
-#: First element of every canonical array; bump it if the layout ever changes.
+#: The tag of format 1, the first element of its canonical arrays.
 CANONICAL_VERSION: Final = "kvgov-audit-1"
+#: The chain format writers use now (the ``chain_format`` of every row they write).
+CHAIN_FORMAT: Final = 2
 #: The ``prev_hash`` of the first event of every stream.
 GENESIS_HASH: Final = ChainHash(bytes(32))
 
-# Not kvgov.canonical (RFC 8785) yet. The chain hashes these bytes, and RFC 8785 writes
-# some of them differently: non-ASCII and DEL as UTF-8 (here \uXXXX escapes), floats
-# outside 1e-4..1e16 in ECMAScript form (here Python's repr), keys with characters
-# above U+FFFF in UTF-16 order. Switching needs a chain format version so that events
-# written before keep verifying: a ``chain_format`` column (1 by server default for
-# rows already stored and for older writers, 2 for RFC 8785) added by an Alembic
-# revision, the tag "kvgov-audit-2" in place of CANONICAL_VERSION for those rows (so
-# the version is hashed and cannot be flipped), the sealer, spool and verifier picking
-# the encoding per row, and integers limited to +-(2**53 - 1) in format 2. Until then
-# this stays the one encoder of the chain's bytes (and of signed expected-stream lists).
+#: Format 1's encoder: also the one encoder of signed expected-stream lists.
 _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
 )
 
 
-def _make_fast_encoder() -> Callable[[Any], str]:
-    """The C encoder behind ``_ENCODER``, without ``JSONEncoder.encode``'s per-call setup.
+def _make_fast_encoder(ascii_only: bool) -> Callable[[Any], str]:
+    """json's C encoder without ``JSONEncoder.encode``'s per-call setup.
 
-    Same output as ``_ENCODER.encode`` for the values events hold (no circular check is
-    needed: cleaned details are trees). Falls back to ``_ENCODER.encode`` where the C
-    accelerator is missing.
+    ``ascii_only``: the output of ``_ENCODER.encode`` (format 1); else the same with
+    non-ASCII characters raw, which is RFC 8785 text for what an event's scalar fields
+    hold: strings without lone surrogates, None, integers within +-(2**53 - 1) (format 2).
+    No circular check is needed: cleaned details are trees. Falls back to the Python
+    encoder where the C accelerator is missing.
     """
+    encode_str = (
+        json.encoder.encode_basestring_ascii if ascii_only else json.encoder.encode_basestring
+    )
     c_make = getattr(json.encoder, "c_make_encoder", None)
     if c_make is None:  # pragma: no cover - CPython always has it
-        return _ENCODER.encode
+        return json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), ensure_ascii=ascii_only, allow_nan=False
+        ).encode
 
     def _default(o: Any) -> Any:
         raise TypeError(f"{type(o).__name__} is not JSON")
 
-    c_encode = c_make(
-        None, _default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, False
-    )
+    c_encode = c_make(None, _default, encode_str, None, ":", ",", True, False, False)
     join = "".join
 
     def encode(value: Any) -> str:
         if isinstance(value, str):
-            return json.encoder.encode_basestring_ascii(value)
+            return encode_str(value)
         return join(c_encode(value, 0))
 
     return encode
 
 
-_encode = _make_fast_encoder()
-
-
-def fast_json(value: Any) -> str:
-    """``canonical_json`` without validation, for the writer and verifier hot paths.
-
-    Args:
-        value: a list, tuple or dict of JSON scalars (as events hold them).
-
-    Returns:
-        The canonical JSON text.
-    """
-    return _encode(value)
+_encode = _make_fast_encoder(ascii_only=True)
+_encode_utf8 = _make_fast_encoder(ascii_only=False)
 
 
 class BlockIdsJson:
@@ -126,8 +138,9 @@ class BlockIdsJson:
     text is most of the writer's work (42 us for 750 ids with the JSON encoder here,
     about 20 us from the kept text, fetched by one ``itemgetter`` call). Ids come from
     a pool of bounded size, so the text of ids below ``limit`` is built once per
-    writer; larger ids fall back to :func:`fast_json`. The output is exactly
-    ``canonical_json([int(i) for i in ids])``.
+    writer; larger ids fall back to the JSON encoder. The output is exactly
+    ``FORMATS[n].json([int(i) for i in ids])`` in both formats (ids are integers up to
+    2**53 - 1, written in decimal by both).
 
     Args:
         limit: the largest id whose text is kept, plus one (bounds the memory).
@@ -159,23 +172,8 @@ class BlockIdsJson:
             return "[" + ",".join(itemgetter(*ids)(text)) + "]"
 
 
-def canonical_prefix(stream: str) -> str:
-    """The text every canonical event of ``stream`` starts with: ``["kvgov-audit-1",stream,``.
-
-    The writer and the verifier append the JSON of ``seq`` .. ``policy_revision``
-    without its brackets, then ``,block_ids,details]``.
-
-    Args:
-        stream: the stream id.
-
-    Returns:
-        The prefix text.
-    """
-    return f"[{_encode(CANONICAL_VERSION)},{_encode(stream)},"
-
-
 def canonical_json(value: Any) -> str:
-    """Encode a JSON value in the canonical form the chain hashes (and SQLite stores).
+    """Encode a JSON value as format 1 hashes it (and signed expected-stream lists do).
 
     Args:
         value: a JSON-able value (as cleaned by :class:`kvgov.audit.AuditEvent`).
@@ -186,22 +184,131 @@ def canonical_json(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def _exact_number(text: str) -> float:
+    """A JSON number as the double it names exactly, in RFC 8785's sense, or ValueError.
+
+    JSONB keeps a number's decimal value (``1e+21`` comes back as
+    ``1000000000000000000000``): that value must be exactly the one the RFC 8785 text of
+    its double names, so no other decimal can stand in for a stored number.
+    """
+    value = float(text)
+    if not math.isfinite(value) or Decimal(text) != Decimal(jcs(value)):
+        raise ValueError(f"{text[:40]} is not a number format 2 writes")
+    return value
+
+
+def _int_or_double(text: str) -> int | float:
+    n = int(text)
+    return n if -JCS_INT_MAX <= n <= JCS_INT_MAX else _exact_number(text)
+
+
+def _cleaned_json_2(value: Any) -> str:
+    """Format 2's JSON of ``details`` as :class:`kvgov.audit.AuditEvent` cleaned them.
+
+    Cleaning bounds every integer to +-(2**53 - 1), so only a float (whose Python text
+    holds ``.``, ``e-`` or ``e+``) or a character above U+FFFF (non-ASCII) can make the C
+    encoder's text differ from RFC 8785's; text with neither is returned as it is (the
+    writer's hot path), anything else goes through :func:`kvgov.canonical.canonical_json`.
+    """
+    text = _encode_utf8(value)
+    if text.isascii() and "." not in text and "e-" not in text and "e+" not in text:
+        return text
+    return jcs(value)
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+class ChainFormat(NamedTuple):
+    """How one chain format turns an event into bytes (see the module docstring).
+
+    Attributes:
+        number: the ``chain_format`` column value.
+        tag: the version tag, the canonical array's first element.
+        head_json: the encoder of the scalar fields, a tuple of ``str``, ``None`` and
+            ``int`` (fast, no validation: :class:`kvgov.audit.AuditEvent` validated them).
+        json: the encoder of ``block_ids`` and ``details`` (validating).
+        details_json: the same for ``details`` as :class:`kvgov.audit.AuditEvent` cleaned
+            them (the sealer's: checks that cleaning makes needless are skipped).
+        load: parses stored JSON text (SQLite's, JSONB's, a spool line's) back to a value
+            ``json`` encodes to the bytes the writer hashed; ValueError when no such
+            value exists (format 2: a number that is not exactly a double).
+        charset: how the canonical text becomes bytes.
+    """
+
+    number: int
+    tag: str
+    head_json: Callable[[Any], str]
+    json: Callable[[Any], str]
+    details_json: Callable[[Any], str]
+    load: Callable[[str], Any]
+    charset: str
+
+
+#: Every chain format by its ``chain_format`` number.
+FORMATS: Final[Mapping[int, ChainFormat]] = MappingProxyType(
+    {
+        1: ChainFormat(1, CANONICAL_VERSION, _encode, canonical_json, _encode, json.loads, "ascii"),
+        2: ChainFormat(
+            2,
+            "kvgov-audit-2",
+            _encode_utf8,
+            jcs,
+            _cleaned_json_2,
+            partial(
+                json.loads,
+                parse_float=_exact_number,
+                parse_int=_int_or_double,
+                parse_constant=_no_constant,
+            ),
+            "utf-8",
+        ),
+    }
+)
+
+
+def canonical_prefix(stream: str, chain_format: int = CHAIN_FORMAT) -> str:
+    """The text every canonical event of ``stream`` starts with: ``[tag,stream,``.
+
+    The writer and the verifier append the JSON of ``seq`` .. ``policy_revision``
+    without its brackets, then ``,block_ids,details]``.
+
+    Args:
+        stream: the stream id.
+        chain_format: the chain format.
+
+    Returns:
+        The prefix text.
+    """
+    head_json = FORMATS[chain_format].head_json
+    return f"[{head_json(FORMATS[chain_format].tag)},{head_json(stream)},"
+
+
 def canonical_event_bytes(
-    head: tuple[Any, ...] | list[Any], block_ids_json: str, details_json: str
+    head: tuple[Any, ...] | list[Any],
+    block_ids_json: str,
+    details_json: str,
+    chain_format: int = CHAIN_FORMAT,
 ) -> bytes:
     """Assemble the canonical bytes of one event.
 
     Args:
         head: the 19 scalar fields in layout order, from ``stream`` to
             ``policy_revision`` (without the version tag).
-        block_ids_json: ``canonical_json`` of the block id list.
-        details_json: ``canonical_json`` of the details object.
+        block_ids_json: the block id list's JSON in this format (``FORMATS[n].json``).
+        details_json: the details object's JSON in this format.
+        chain_format: the chain format (1 for rows stored before format 2).
 
     Returns:
         The bytes described in the module docstring.
+
+    Raises:
+        KeyError: an unknown chain format.
     """
-    text = _encode([CANONICAL_VERSION, *head])
-    return f"{text[:-1]},{block_ids_json},{details_json}]".encode("ascii")
+    fmt = FORMATS[chain_format]
+    text = fmt.head_json([fmt.tag, *head])
+    return f"{text[:-1]},{block_ids_json},{details_json}]".encode(fmt.charset)
 
 
 def chain_hash(prev: ChainHash, canonical: bytes) -> ChainHash:

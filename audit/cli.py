@@ -1,16 +1,20 @@
-"""``kvgov audit ...`` (verification, compliance queries, spool status) and ``kvgov db ...``.
+"""``kvgov audit ...`` (verification, compliance queries, spool status); ``kvgov db ...``
+lives in :mod:`kvgov.audit.cli_db`.
 
 Every command takes ``--url`` (default: ``$KVGOV_AUDIT_URL``, else
-``kvgov.defaults.AUDIT_URL``). Query commands print a rich table, or ``--json`` (a
-JSON array) or ``--csv``. Errors are one line saying what to do, and the exit status
-says what kind of failure it is (:mod:`kvgov.audit.cli_errors`): 1 evidence (``verify``
-found tampering), 2 usage, 3 environment (the database is unreachable, lacks the
+``kvgov.defaults.AUDIT_URL``). Commands that print records take ``--format
+text|json|jsonl|csv`` (``--json`` / ``--csv`` for short); ``text`` is a table on a
+terminal and whole tab-separated values otherwise (:mod:`kvgov.audit.cli_common`).
+They only read: a SQLite file that does not exist is an error, never created; a
+trail with no events is an error unless ``--allow-empty``. Errors are one line
+saying what to do, and the exit status says what kind of failure it is
+(:mod:`kvgov.audit.cli_errors`): 1 evidence (``verify`` found tampering, an empty
+trail), 2 usage, 3 environment (the database is unreachable or missing, lacks the
 schema or a permission).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -20,20 +24,34 @@ from typing import Any, TextIO, TypeVar
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
-from kvgov.audit.cli_common import default_url, url_option
-from kvgov.audit.cli_errors import EXIT_EVIDENCE, ErrorsToExitCodes
+from kvgov.audit.cli_common import (
+    allow_empty_option,
+    default_url,
+    emit_records,
+    format_options,
+    print_table,
+    url_option,
+)
+from kvgov.audit.cli_db import MIGRATION_STREAM, db_group
+from kvgov.audit.cli_errors import (
+    EXIT_EVIDENCE,
+    ErrorsToExitCodes,
+)
 from kvgov.audit.cli_ops import quarantine_group, status_cmd, streams_cmd
 from kvgov.audit.expect import load_expected_streams
 from kvgov.audit.export import decision_log, write_decision_log
 from kvgov.audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
 from kvgov.audit.signing import generate_key_files, key_id, load_public_key
-from kvgov.audit.store import current_revision, downgrade, head_revision, mask_url, upgrade
+from kvgov.audit.store import (
+    mask_url,
+)
 from kvgov.audit.verify import VerifyReport, verify
 from kvgov.defaults import VERIFY_MAX_UNSIGNED_EVENTS, VERIFY_MAX_UNSIGNED_SECONDS
+from kvgov.exceptions import AuditTrailEmpty
 
-__all__ = ["audit_group", "db_group"]
+__all__ = ["MIGRATION_STREAM", "audit_group", "db_group"]
 
 _T = TypeVar("_T")
 
@@ -43,9 +61,7 @@ _url_option = url_option
 
 
 def _output_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")(f)
-    return _url_option(f)
+    return _url_option(format_options(allow_empty_option(f)))
 
 
 def _parse_time(_ctx: Any, _param: Any, value: str | None) -> datetime | None:
@@ -66,27 +82,12 @@ _until = click.option(
 )
 
 
-def _emit(
-    records: Sequence[AuditRecord],
-    columns: Sequence[str],
-    title: str,
-    as_json: bool,
-    as_csv: bool,
-) -> None:
-    if as_json:
-        click.echo(json.dumps([r.to_dict() for r in records], indent=2, sort_keys=False))
-        return
-    if as_csv:
-        w = csv.writer(sys.stdout)
-        w.writerow(RECORD_FIELDS)
-        w.writerows(r.csv_row() for r in records)
-        return
-    table = Table(title=f"{title} ({len(records)})")
-    for c in columns:
-        table.add_column(c)
-    for r in records:
-        d = r.to_dict()
-        cells = []
+def _emit(records: Sequence[AuditRecord], columns: Sequence[str], title: str, fmt: str) -> None:
+    dicts = [r.to_dict() for r in records]
+
+    def cells(i: int) -> list[str]:
+        d, r = dicts[i], records[i]
+        out = []
         for c in columns:
             if c == "blocks":
                 v: Any = len(r.block_ids)
@@ -96,14 +97,27 @@ def _emit(
                 v = r.details.get(c)
             if isinstance(v, (dict, list)):
                 v = json.dumps(v, sort_keys=True)
-            cells.append("" if v is None else str(v))
-        table.add_row(*cells)
-    Console().print(table)
+            out.append("" if v is None else str(v))
+        return out
+
+    emit_records(
+        fmt,
+        dicts,
+        f"{title} ({len(records)})",
+        columns,
+        cells,
+        csv_fields=RECORD_FIELDS,
+        csv_row=lambda i: records[i].csv_row(),
+    )
 
 
-def _query(url: str | None, ask: Callable[[AuditQueries], _T]) -> _T:
-    """Ask the queries on ``url`` (or the default)."""
-    with AuditQueries(url or _default_url()) as q:
+def _query(url: str | None, ask: Callable[[AuditQueries], _T], allow_empty: bool) -> _T:
+    """Ask the queries on ``url`` (or the default); a trail with no event is an error
+    unless ``allow_empty`` (a wrong URL must not look like a quiet week)."""
+    target = url or _default_url()
+    with AuditQueries(target) as q:
+        if not allow_empty and q.is_empty():
+            raise AuditTrailEmpty(mask_url(target))
         return ask(q)
 
 
@@ -156,6 +170,7 @@ audit_group.add_command(streams_cmd)
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@allow_empty_option
 def verify_cmd(
     url: str | None,
     public_keys: tuple[Path, ...],
@@ -165,8 +180,12 @@ def verify_cmd(
     expect_streams: Path | None,
     as_json: bool,
     no_progress: bool,
+    allow_empty: bool,
 ) -> None:
-    """Recompute every hash chain and check every signed checkpoint (exit 1 on failure)."""
+    """Recompute every hash chain and check every signed checkpoint (exit 1 on failure).
+
+    A trail with no events fails too (exit 1) unless --allow-empty.
+    """
     keys = [load_public_key(p) for p in public_keys] if public_keys else None
     expected = None
     if expect_streams is not None:
@@ -184,6 +203,8 @@ def verify_cmd(
         max_unsigned_seconds=max_unsigned_seconds,
         expected=expected,
     )
+    if report.events == 0 and not allow_empty:
+        raise AuditTrailEmpty(mask_url(url or _default_url()))
     if as_json:
         click.echo(json.dumps(_report_json(report), indent=2))
     else:
@@ -220,21 +241,23 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 
 
 def _print_report(report: VerifyReport) -> None:
-    console = Console()
-    table = Table(title=f"audit verification: {report.events} events")
-    for c in ("stream", "events", "last seq", "checkpoints", "status", "first bad event"):
-        table.add_column(c)
-    for s in report.streams:
-        fb = s.first_bad
-        table.add_row(
-            s.stream,
-            str(s.events),
-            str(s.last_seq),
-            str(s.checkpoints),
-            "[green]ok[/]" if s.ok else "[red]FAILED[/]",
-            "" if fb is None else f"seq {fb.seq}: {fb.kind}: {fb.message}",
-        )
-    console.print(table)
+    console = Console(soft_wrap=True)  # whole lines in a pipe, too
+    print_table(
+        f"audit verification: {report.events} events",
+        ("stream", "events", "last seq", "checkpoints", "status", "first bad event"),
+        [
+            (
+                s.stream,
+                str(s.events),
+                str(s.last_seq),
+                str(s.checkpoints),
+                Text.from_markup("[green]ok[/]" if s.ok else "[red]FAILED[/]"),
+                "" if s.first_bad is None else
+                f"seq {s.first_bad.seq}: {s.first_bad.kind}: {s.first_bad.message}",
+            )
+            for s in report.streams
+        ],
+    )  # fmt: skip
     if report.untrusted_checkpoints:
         console.print(
             f"[yellow]{report.untrusted_checkpoints} checkpoint(s) are signed by keys the "
@@ -256,26 +279,26 @@ def reuse_cmd(
     since: datetime | None,
     until: datetime | None,
     url: str | None,
-    as_json: bool,
-    as_csv: bool,
+    fmt: str,
+    allow_empty: bool,
 ) -> None:
     """Every reuse of TENANT's cached blocks: by which tenant, under which decision."""
-    rows = _query(url, lambda q: q.reuse(tenant, since, until))
+    rows = _query(url, lambda q: q.reuse(tenant, since, until), allow_empty)
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "blocks",
             "reused_tokens", "decision_id", "policy_revision")  # fmt: skip
-    _emit(rows, cols, f"reuse of {tenant}'s blocks", as_json, as_csv)
+    _emit(rows, cols, f"reuse of {tenant}'s blocks", fmt)
 
 
 @audit_group.command("erasure")
 @click.option("--tenant", required=True, help="The erased tenant.")
 @_output_options
-def erasure_cmd(tenant: str, url: str | None, as_json: bool, as_csv: bool) -> None:
+def erasure_cmd(tenant: str, url: str | None, fmt: str, allow_empty: bool) -> None:
     """The erasure evidence of TENANT: when, blocks, bytes zeroized, verification."""
-    rows = _query(url, lambda q: q.erasure(tenant))
+    rows = _query(url, lambda q: q.erasure(tenant), allow_empty)
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r.details if k not in keys]
-    _emit(rows, ("time", "event_id", "blocks", *keys), f"erasure of {tenant}", as_json, as_csv)
+    _emit(rows, ("time", "event_id", "blocks", *keys), f"erasure of {tenant}", fmt)
 
 
 @audit_group.command("denials")
@@ -288,24 +311,24 @@ def denials_cmd(
     since: datetime | None,
     until: datetime | None,
     url: str | None,
-    as_json: bool,
-    as_csv: bool,
+    fmt: str,
+    allow_empty: bool,
 ) -> None:
     """Policy denials, share denials and policy errors (which fail closed)."""
-    rows = _query(url, lambda q: q.denials(tenant, since, until))
+    rows = _query(url, lambda q: q.denials(tenant, since, until), allow_empty)
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id",
             "policy_revision", "reason")  # fmt: skip
-    _emit(rows, cols, "denials", as_json, as_csv)
+    _emit(rows, cols, "denials", fmt)
 
 
 @audit_group.command("decisions")
 @click.option("--policy-revision", required=True, help="Policy bundle revision.")
 @_output_options
-def decisions_cmd(policy_revision: str, url: str | None, as_json: bool, as_csv: bool) -> None:
+def decisions_cmd(policy_revision: str, url: str | None, fmt: str, allow_empty: bool) -> None:
     """Every event decided under one policy bundle revision."""
-    rows = _query(url, lambda q: q.decisions(policy_revision))
+    rows = _query(url, lambda q: q.decisions(policy_revision), allow_empty)
     cols = ("time", "type", "tenant", "requester_tenant", "sequence_id", "decision_id")
-    _emit(rows, cols, f"decisions under {policy_revision}", as_json, as_csv)
+    _emit(rows, cols, f"decisions under {policy_revision}", fmt)
 
 
 @audit_group.command("events")
@@ -329,44 +352,45 @@ def events_cmd(
     limit: int | None,
     count_by: str | None,
     url: str | None,
-    as_json: bool,
-    as_csv: bool,
+    fmt: str,
+    allow_empty: bool,
 ) -> None:
     """Any events, filtered by type / tenant / time; or counts with --count-by."""
     if count_by is not None:
-        counts = _query(url, lambda q: q.counts(count_by, tenant))
-        if as_json:
+        counts = _query(url, lambda q: q.counts(count_by, tenant), allow_empty)
+        ordered = sorted(counts.items())
+        if fmt == "json":
             click.echo(json.dumps(counts, indent=2, sort_keys=True))
-        elif as_csv:
-            w = csv.writer(sys.stdout)
-            w.writerow([count_by, "count"])
-            w.writerows(sorted(counts.items()))
         else:
-            table = Table(title=f"events by {count_by}")
-            table.add_column(count_by)
-            table.add_column("count", justify="right")
-            for k, n in sorted(counts.items()):
-                table.add_row(k, str(n))
-            Console().print(table)
+            emit_records(
+                fmt,
+                [{count_by: k, "count": n} for k, n in ordered],
+                f"events by {count_by}",
+                (count_by, "count"),
+                lambda i: (ordered[i][0], str(ordered[i][1])),
+            )
         return
-    rows = _query(url, lambda q: q.events(type_, tenant, since, until, limit))
+    rows = _query(url, lambda q: q.events(type_, tenant, since, until, limit), allow_empty)
     cols = ("time", "event_id", "type", "tenant", "requester_tenant", "sequence_id",
             "blocks", "token_count", "decision_id")  # fmt: skip
-    _emit(rows, cols, "events", as_json, as_csv)
+    _emit(rows, cols, "events", fmt)
 
 
 @audit_group.command("export")
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["jsonl", "csv", "opa-decision-log"]),
+    type=click.Choice(["jsonl", "json", "csv", "opa-decision-log"]),
     default="jsonl",
-    help="jsonl, csv: every event; opa-decision-log: the policy decisions, one OPA "
-    "decision-log JSON object per line (see kvgov.audit.export).",
+    show_default=True,
+    help="jsonl (one object a line), json (one array), csv: every event; "
+    "opa-decision-log: the policy decisions, one OPA decision-log JSON object per line "
+    "(see kvgov.audit.export).",
 )
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @_url_option
-def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
+@allow_empty_option
+def export_cmd(fmt: str, output: Path | None, url: str | None, allow_empty: bool) -> None:
     """Export every event (never tokens or text: none are stored), or the decisions."""
 
     def write(q: AuditQueries, out: TextIO) -> int:
@@ -380,87 +404,37 @@ def export_cmd(fmt: str, output: Path | None, url: str | None) -> None:
         with output.open("w", encoding="utf-8", newline="") as f:
             return write(q, f)
 
-    n = _query(url, export)
+    n = _query(url, export, allow_empty)
     click.echo(f"exported {n} {'decisions' if fmt == 'opa-decision-log' else 'events'}", err=True)
 
 
 @audit_group.command("checkpoints")
 @click.option("--stream", default=None, help="All checkpoints of this stream.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@_url_option
-def checkpoints_cmd(stream: str | None, as_json: bool, url: str | None) -> None:
+@_output_options
+def checkpoints_cmd(stream: str | None, url: str | None, fmt: str, allow_empty: bool) -> None:
     """The latest signed checkpoint per stream: keep a copy outside the database."""
-    cps = _query(url, lambda q: q.checkpoints(stream))
-    if as_json:
-        click.echo(json.dumps([c.to_dict() for c in cps], indent=2))
-        return
-    table = Table(title="checkpoints")
-    for c in ("stream", "seq", "chain hash", "key id", "time"):
-        table.add_column(c)
-    for cp in cps:
-        table.add_row(cp.stream, str(cp.seq), cp.chain_hash, cp.key_id, cp.time.isoformat())
-    Console().print(table)
+    cps = _query(url, lambda q: q.checkpoints(stream), allow_empty)
+    columns = ("stream", "seq", "chain_hash", "key_id", "time")
+    dicts = [c.to_dict() for c in cps]
+    emit_records(
+        fmt, dicts, "checkpoints", columns, lambda i: [str(dicts[i][c]) for c in columns],
+        csv_fields=(*columns, "signature"),
+        csv_row=lambda i: [dicts[i][c] for c in (*columns, "signature")],
+    )  # fmt: skip
 
 
 @audit_group.command("keygen")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-def keygen_cmd(path: Path) -> None:
-    """Generate an Ed25519 checkpoint key: PATH (0600) and PATH.pub."""
-    files = generate_key_files(path)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace existing key files (keep the old .pub to verify what the old key signed).",
+)
+def keygen_cmd(path: Path, force: bool) -> None:
+    """Generate an Ed25519 checkpoint key: PATH and PATH.pub (mode 0600).
+
+    Missing folders are created with mode 0700; an existing key file is never
+    overwritten without --force.
+    """
+    files = generate_key_files(path, force=force)
     click.echo(f"private key: {files.private}\npublic key:  {files.public}\nkey id: {files.key_id}")
-
-
-# --------------------------------------------------------------------------- db
-
-
-@click.group("db", cls=ErrorsToExitCodes)
-def db_group() -> None:
-    """Manage the audit database schema (Alembic migrations)."""
-
-
-def _db_url(url_arg: str | None, url_opt: str | None) -> str:
-    return url_arg or url_opt or _default_url()
-
-
-def _migrate(
-    run: Callable[..., str], url_arg: str | None, url: str | None, revision: str, sql: bool
-) -> None:
-    """Run ``upgrade`` or ``downgrade``; print the SQL (offline) or the revision reached."""
-    target = _db_url(url_arg, url)
-    out = run(target, revision, sql=sql)
-    if sql:
-        click.echo(out)
-    else:
-        click.echo(f"{mask_url(target)} is at {current_revision(target) or 'base'}")
-
-
-@db_group.command("upgrade")
-@click.argument("url_arg", metavar="[URL]", required=False)
-@_url_option
-@click.option("--revision", default="head", show_default=True)
-@click.option("--sql", is_flag=True, help="Print the SQL instead of running it (offline).")
-def upgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
-    """Upgrade the audit schema to the head revision."""
-    _migrate(upgrade, url_arg, url, revision, sql)
-
-
-@db_group.command("downgrade")
-@click.argument("url_arg", metavar="[URL]", required=False)
-@_url_option
-@click.option("--revision", default="-1", show_default=True, help="Target; base drops all.")
-@click.option("--sql", is_flag=True, help="Print the SQL (needs --revision FROM:TO).")
-def downgrade_cmd(url_arg: str | None, url: str | None, revision: str, sql: bool) -> None:
-    """Downgrade the audit schema (downgrading to base deletes the audit trail)."""
-    _migrate(downgrade, url_arg, url, revision, sql)
-
-
-@db_group.command("current")
-@click.argument("url_arg", metavar="[URL]", required=False)
-@_url_option
-def current_cmd(url_arg: str | None, url: str | None) -> None:
-    """Print the database's schema revision and the one this kvgov needs."""
-    target = _db_url(url_arg, url)
-    cur = current_revision(target)
-    head = head_revision()
-    state = "up to date" if cur == head else "run `kvgov db upgrade`"
-    click.echo(f"{mask_url(target)}: current {cur or 'none'}, head {head} ({state})")

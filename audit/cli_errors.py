@@ -5,11 +5,14 @@
 =====  ===================  =====================================================
  0     success              ``verify`` found nothing wrong
  1     evidence failure     ``verify`` found tampering; a signed streams list does
-                            not verify; quarantined records are still refused
+                            not verify; quarantined records are still refused;
+                            the trail holds no events (without ``--allow-empty``)
  2     usage error          a bad option, a URL that is not a database URL, an
-                            unreadable or wrong key file, a bad revision
+                            unreadable or wrong key file, a bad revision; a
+                            downgrade without a target or that would drop rows
  3     environment error    the database is unreachable, refuses the login or a
-                            permission, lacks the schema; a file cannot be read
+                            permission, lacks the schema; a SQLite file does not
+                            exist (readers never create one); a file cannot be read
 =====  ===================  =====================================================
 
 :class:`ErrorsToExitCodes` is the ``click.Group`` class of ``kvgov`` and of its
@@ -29,7 +32,9 @@ from alembic.util.exc import CommandError as AlembicCommandError
 from sqlalchemy import exc as sa_exc
 
 from kvgov.exceptions import (
+    AuditDatabaseMissing,
     AuditSchemaError,
+    AuditTrailEmpty,
     AuditUnavailable,
     ExpectedStreamsError,
     KVGovError,
@@ -156,7 +161,9 @@ def explain(exc: BaseException) -> CommandError | None:
     """
     if isinstance(exc, CommandError):
         return exc
-    if isinstance(exc, (AuditSchemaError, AuditUnavailable)):
+    if isinstance(exc, AuditTrailEmpty):
+        return CommandError.of(str(exc), EXIT_EVIDENCE)
+    if isinstance(exc, (AuditSchemaError, AuditUnavailable, AuditDatabaseMissing)):
         return CommandError.of(str(exc), EXIT_ENVIRONMENT)
     if isinstance(exc, ExpectedStreamsError):
         return CommandError.of(str(exc), EXIT_EVIDENCE if exc.tampered else EXIT_USAGE)

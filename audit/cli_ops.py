@@ -7,7 +7,7 @@ the list of streams an auditor expects (:mod:`kvgov.audit.expect`).
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,10 +15,18 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
-from kvgov.audit.cli_common import default_url, url_option
-from kvgov.audit.cli_errors import EXIT_EVIDENCE, CommandError
+from kvgov.audit.cli_common import (
+    Cell,
+    allow_empty_option,
+    default_url,
+    emit_records,
+    format_options,
+    url_option,
+)
+from kvgov.audit.cli_errors import EXIT_ENVIRONMENT, EXIT_EVIDENCE, CommandError
+from kvgov.audit.durability import marker_path
 from kvgov.audit.expect import ExpectedStream, sign_expected_streams
 from kvgov.audit.signing import load_public_key, load_signing_key
 from kvgov.audit.spool import QuarantinedRecord, quarantine_path
@@ -28,8 +36,9 @@ from kvgov.audit.status import (
     find_stream_files,
     replay_quarantine,
 )
+from kvgov.audit.store import mask_url, require_database
 from kvgov.audit.verify import verify
-from kvgov.exceptions import SigningKeyError
+from kvgov.exceptions import AuditTrailEmpty, SigningKeyError
 
 __all__ = ["quarantine_group", "status_cmd", "streams_cmd"]
 
@@ -54,8 +63,32 @@ _spool_option = click.option(
 )
 
 
+def _spool_exists(spool: Path) -> bool:
+    return any(f.is_file() for f in (spool, quarantine_path(spool), marker_path(spool)))
+
+
 def _find(url: str | None, spool_dir: Path | None, spools: tuple[Path, ...]) -> list[StreamFiles]:
-    directory = spool_dir if spool_dir is not None else default_spool_dir(url or default_url())
+    """The stream files to report on; a directory or spool that is not there is an error
+    (a mistyped path must not read as "nothing waits")."""
+    target = url or default_url()
+    if spool_dir is None and not spools:
+        require_database(target)  # spools live next to it: a wrong path finds nothing
+    directory = spool_dir if spool_dir is not None else default_spool_dir(target)
+    if not directory.is_dir():
+        raise CommandError.of(
+            f"no spool directory {directory}; check --spool-dir, or the path of the "
+            "SQLite database in the URL (spools are next to it)",
+            EXIT_ENVIRONMENT,
+        )
+    missing = [
+        str(p)
+        for p in spools
+        if not any(f.is_file() for f in (p, quarantine_path(p), marker_path(p)))
+    ]
+    if missing:
+        raise CommandError.of(
+            f"no spool file {', '.join(missing)}; check --spool", EXIT_ENVIRONMENT
+        )
     return find_stream_files(directory, spools)
 
 
@@ -98,42 +131,42 @@ def _status_json(f: StreamFiles) -> dict[str, Any]:
 @url_option
 @_spool_dir_option
 @_spool_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status_cmd(
-    url: str | None, spool_dir: Path | None, spools: tuple[Path, ...], as_json: bool
-) -> None:
+@format_options
+def status_cmd(url: str | None, spool_dir: Path | None, spools: tuple[Path, ...], fmt: str) -> None:
     """What waits on this host: spooled events, critical ones listed (erasures whose
     evidence is only spooled), quarantined records, writers that died."""
     found = _find(url, spool_dir, spools)
-    if as_json:
-        click.echo(json.dumps([_status_json(f) for f in found], indent=2))
-        return
-    console = Console()
-    table = Table(title=f"audit spools ({len(found)})")
-    for col in ("spool", "stream", "spooled", "critical spooled", "quarantined", "writer"):
-        table.add_column(col)
-    for f in found:
+
+    def cells(i: int) -> list[Cell]:
+        f = found[i]
         m = f.marker
-        writer = (
-            ""
-            if m is None
-            else f"pid {m.pid}"
-            + (" [red](died: events may be lost)[/]" if f.marker_process_alive is False else "")
-        )
-        table.add_row(
+        writer = "" if m is None else f"pid {m.pid}"
+        if m is not None and f.marker_process_alive is False:
+            writer += " [red](died: events may be lost)[/]"
+        return [
             str(f.base),
             ", ".join(f.streams),
             str(f.spooled_events),
             str(len(f.critical)),
             str(len(f.quarantined) + f.damaged_lines),
-            writer,
-        )
-    console.print(table)
+            Text.from_markup(writer),
+        ]
+
+    columns = ("spool", "stream", "spooled", "critical spooled", "quarantined", "writer")
+    emit_records(
+        fmt, [_status_json(f) for f in found], f"audit spools ({len(found)})", columns, cells
+    )
+    if fmt != "text":
+        return
+    # notes: on the terminal under the table; in a pipe on stderr, off the parsed lines
+    console = Console(stderr=not sys.stdout.isatty(), soft_wrap=True)
     critical = [c for f in found for c in f.critical]
     if critical:
         console.print("[yellow]critical events whose evidence is only spooled:[/]")
         for c in critical:
-            console.print(f"  {c.event_id}  {c.type}  tenant={c.tenant}  {_when(c.time_us)}")
+            console.print(
+                f"  {c.event_id}  {c.type}  tenant={c.tenant}  {_when(c.time_us)}", markup=False
+            )
     if any(f.quarantined or f.damaged_lines for f in found):
         console.print(
             "[red]records the database refused are quarantined:[/] see `kvgov audit "
@@ -150,23 +183,27 @@ def quarantine_group() -> None:
 @url_option
 @_spool_dir_option
 @_spool_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@format_options
 def quarantine_list_cmd(
-    url: str | None, spool_dir: Path | None, spools: tuple[Path, ...], as_json: bool
+    url: str | None, spool_dir: Path | None, spools: tuple[Path, ...], fmt: str
 ) -> None:
     """Every quarantined record not yet replayed, with the database's reason."""
     items = [q for f in _find(url, spool_dir, spools) for q in f.quarantined]
-    if as_json:
-        click.echo(json.dumps([_quarantined_json(q) for q in items], indent=2))
-        return
-    table = Table(title=f"quarantined records ({len(items)})")
-    for col in ("stream", "seq", "kind", "type", "quarantined", "refused because"):
-        table.add_column(col)
-    for q in items:
-        table.add_row(
-            q.stream, str(q.seq), q.kind, q.event_type or "", _when(q.quarantined_us), q.refused
-        )
-    Console().print(table)
+    columns = ("stream", "seq", "kind", "type", "quarantined", "refused because")
+    emit_records(
+        fmt,
+        [_quarantined_json(q) for q in items],
+        f"quarantined records ({len(items)})",
+        columns,
+        lambda i: [
+            items[i].stream,
+            str(items[i].seq),
+            items[i].kind,
+            items[i].event_type or "",
+            _when(items[i].quarantined_us),
+            items[i].refused,
+        ],
+    )
 
 
 @quarantine_group.command("replay")
@@ -178,6 +215,7 @@ def quarantine_replay_cmd(
 ) -> None:
     """Store quarantined records again after their cause was fixed (exit 1 if any remain)."""
     target = url or default_url()
+    require_database(target)
     files = [quarantine_path(f.base) for f in _find(url, spool_dir, spools) if f.quarantined]
     results = replay_quarantine(target, files, round(time.time() * 1_000_000))
     left = 0
@@ -213,8 +251,13 @@ def quarantine_replay_cmd(
 @click.option(
     "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="File."
 )
+@allow_empty_option
 def streams_cmd(
-    url: str | None, key_path: Path, public_keys: tuple[Path, ...], output: Path | None
+    url: str | None,
+    key_path: Path,
+    public_keys: tuple[Path, ...],
+    output: Path | None,
+    allow_empty: bool,
 ) -> None:
     """Verify the database, then sign the list of its streams and their heads.
 
@@ -226,6 +269,8 @@ def streams_cmd(
         raise SigningKeyError(f"no key at {key_path}")
     keys = [load_public_key(p) for p in public_keys] if public_keys else None
     report = verify(url or default_url(), keys)
+    if report.events == 0 and not allow_empty:
+        raise AuditTrailEmpty(mask_url(url or default_url()))
     if not report.ok:
         raise CommandError.of(
             "the database does not verify; investigate (`kvgov audit verify`) before "

@@ -103,6 +103,8 @@ class AuditStats:
         critical_spooled: ids of critical events whose evidence is only spooled.
         database_error: the last database error, while the database is failing.
         unavailable: why neither database nor spool can be written, or None.
+        queue_depth: events waiting in the writer's queue (not yet in a batch).
+        spool_bytes: the size of the spool file in bytes (0 when there is none).
     """
 
     stream: str
@@ -116,6 +118,8 @@ class AuditStats:
     critical_spooled: tuple[str, ...]
     database_error: str | None
     unavailable: str | None
+    queue_depth: int = 0
+    spool_bytes: int = 0
 
     @property
     def in_memory(self) -> int:

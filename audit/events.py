@@ -12,6 +12,7 @@ sequence number, and the hash chain.
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Final
 
+from kvgov.canonical import JCS_INT_MAX
 from kvgov.exceptions import InvalidAuditEvent
 from kvgov.schema import SCOPE_FIELDS, TEXT_LIMITS, text_problem
 
@@ -50,11 +52,13 @@ _TEXT_LIMITS: Final = tuple(TEXT_LIMITS[f] for f in _TEXT_FIELDS)
 #: Every text value at most this long fits every column (the fast path's test).
 _SHORTEST_LIMIT: Final = min(_TEXT_LIMITS)
 _STR_OR_NONE: Final = frozenset({str, type(None)})
-#: Largest count a ``bigint`` column holds.
-MAX_COUNT: Final = 2**63 - 1
-#: Integers in ``details`` must be smaller in magnitude than this: the range of a double,
-#: so every integral float fits, and JSON encoders and JSONB take them all.
-MAX_DETAIL_INT: Final = 2**1024
+#: Largest count, block id and ``details`` integer magnitude: 2**53 - 1, the largest
+#: integer RFC 8785 writes (chain format 2 hashes RFC 8785 text; a ``bigint`` holds it).
+MAX_COUNT: Final = JCS_INT_MAX
+#: Bytes 7 and 6 of a little-endian uint64 (0 and 1 big-endian): bits 48..63.
+_TOP, _NEXT = (7, 6) if sys.byteorder == "little" else (0, 1)
+#: Byte values with no bit of 53..55 set, when the byte holds bits 48..55.
+_LOW_BYTES: Final = bytes(range(0x20))
 
 
 class EventType(StrEnum):
@@ -87,6 +91,11 @@ class EventType(StrEnum):
     #: An offloaded object refused on restore (tampered, truncated, misbound, replayed,
     #: shredded key); the restore treated it as a miss.
     OFFLOAD_REFUSED = "offload_refused"
+    #: A schema migration of the audit database itself (``kvgov db``): a downgrade
+    #: that keeps the trail, recorded before it runs (``details``: ``operation``,
+    #: ``from``, ``to``, ``dropped`` tables and their rows), or an upgrade of a trail
+    #: holding events, recorded once at the head.
+    SCHEMA_MIGRATION = "schema_migration"
 
 
 #: Security-critical event types: ``AuditLog.record`` writes them (database or spool)
@@ -137,13 +146,18 @@ def _clean(value: Any, path: str, depth: int) -> Any:
         _check_detail_text(value, path)
         return value
     if isinstance(value, int):
-        if not -MAX_DETAIL_INT < value < MAX_DETAIL_INT:
-            raise InvalidAuditEvent("details", f"integer at {path} is beyond the range of a double")
+        if not -MAX_COUNT <= value <= MAX_COUNT:
+            raise InvalidAuditEvent(
+                "details",
+                f"integer at {path} is beyond +-(2**53 - 1), which RFC 8785 cannot write "
+                "exactly; record it as a string",
+            )
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidAuditEvent("details", f"non-finite number {value!r} at {path}")
-        return int(value) if value.is_integer() else value
+        # an integral float beyond 2**53 stays a float: an int there has no RFC 8785 form
+        return int(value) if value.is_integer() and -MAX_COUNT <= value <= MAX_COUNT else value
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -211,7 +225,10 @@ def _check_count(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise InvalidAuditEvent(name, f"must be a non-negative int or None, got {value!r}")
     if value is not None and value > MAX_COUNT:
-        raise InvalidAuditEvent(name, f"must be at most {MAX_COUNT} (a bigint), got {value}")
+        raise InvalidAuditEvent(
+            name,
+            f"must be at most {MAX_COUNT} (2**53 - 1, RFC 8785's largest integer), got {value}",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +238,10 @@ class AuditEvent:
     Validated at construction (on the caller's thread), so that ``record`` stays a
     queue append and the store never refuses the event: an unknown ``type``, a
     wrong-typed field, text the store cannot hold (longer than its column in
-    :data:`kvgov.schema.TEXT_LIMITS`, a NUL character, a lone surrogate), a count beyond
-    a bigint, or ``details`` that are not JSON, hold such text or an integer beyond
-    the range of a double, or hold a forbidden key raise
+    :data:`kvgov.schema.TEXT_LIMITS`, a NUL character, a lone surrogate), a count or
+    block id beyond 2**53 - 1 (the largest integer RFC 8785, which the chain hashes, writes
+    exactly), or ``details`` that are not JSON, hold such text or an integer beyond
+    +-(2**53 - 1), or hold a forbidden key raise
     :class:`~kvgov.exceptions.InvalidAuditEvent` naming the field.
     ``details`` is deep-copied, so later changes to the caller's dict do not leak in.
 
@@ -240,9 +258,9 @@ class AuditEvent:
         tokenizer_revision: tokenizer revision.
         template_version: prompt-template version.
         sequence_id: the request / sequence id.
-        block_ids: KV block ids involved: non-negative integers (a tuple of ints is
-            kept as given; any other iterable is copied into a tuple). Checked in one
-            C-level pass, so integer-like values (``operator.index``) pass and are
+        block_ids: KV block ids involved: integers in 0 .. 2**53 - 1 (a tuple of ints is
+            kept as given; any other iterable is copied into a tuple). Checked in
+            C-level passes, so integer-like values (``operator.index``) pass and are
             recorded as their integer value.
         token_count: tokens in the request or involved.
         reused_tokens: tokens served from cache.
@@ -290,15 +308,21 @@ class AuditEvent:
         if type(block_ids) is not tuple:
             block_ids = tuple(block_ids)
         if block_ids:
-            # one C-level pass (hundreds of ids per event on the hot path): every id an
-            # integer in 0 .. 2**64-1; a float, a str or a negative id raises here
+            # C-level passes (hundreds of ids per event on the hot path): every id an
+            # integer in 0 .. 2**64-1 (a float, a str or a negative id raises here), and
+            # bits 53..63 clear in all of them (max() would box every id)
             try:
-                array("Q", block_ids)
+                raw = array("Q", block_ids).tobytes()
             except (TypeError, OverflowError):
                 bad = next(b for b in block_ids if not _is_block_id(b))
                 raise InvalidAuditEvent(
                     "block_ids", f"must be non-negative ints, got {bad!r}"
                 ) from None
+            if raw[_TOP::8].strip(b"\0") or raw[_NEXT::8].translate(None, _LOW_BYTES):
+                bad = next(b for b in block_ids if b > MAX_COUNT)
+                raise InvalidAuditEvent(
+                    "block_ids", f"must be at most {MAX_COUNT} (2**53 - 1), got {bad!r}"
+                )
         object.__setattr__(self, "block_ids", block_ids)
         if not isinstance(self.details, Mapping):
             raise InvalidAuditEvent("details", "must be a mapping")

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     text,
 )
@@ -55,7 +56,11 @@ class Base(DeclarativeBase):
 
 
 class AuditEventRow(Base):
-    """One audit event as stored; every column except the two hashes is hashed."""
+    """One audit event as stored; every column but the two hashes and the format is hashed.
+
+    ``chain_format`` is hashed too, in effect: each format's bytes start with its own
+    version tag (:mod:`kvgov.audit.chain`).
+    """
 
     __tablename__ = "audit_events"
     __table_args__ = (
@@ -107,6 +112,9 @@ class AuditEventRow(Base):
     prev_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
     #: SHA-256(prev_hash || canonical bytes of this event).
     hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    #: How ``hash`` encodes the event (``kvgov.audit.chain.FORMATS``): 1 for rows stored
+    #: before revision ``0004_chain_format`` (the server default), 2 for rows written since.
+    chain_format: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
 
 
 class AuditCheckpoint(Base):
@@ -144,7 +152,8 @@ class AuditKey(Base):
     time_us: Mapped[int] = mapped_column(BigInteger)
 
 
-#: Column order the writer inserts and the chain hashes (after ``stream``).
+#: Column order the writer inserts and the chain hashes (after ``stream``; the chain
+#: hashes the format as its version tag, first).
 EVENT_INSERT_COLUMNS: tuple[str, ...] = (
     "stream",
     "seq",
@@ -153,6 +162,7 @@ EVENT_INSERT_COLUMNS: tuple[str, ...] = (
     *FIELDS,
     "block_ids",
     "details",
+    "chain_format",
     "prev_hash",
     "hash",
 )

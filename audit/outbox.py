@@ -108,12 +108,13 @@ class Outbox:
         #: Critical events whose evidence is only spooled: seq -> type.
         self.critical_spooled: dict[int, str] = {}
 
-    def stats(self, recorded: int, database_error: str | None) -> AuditStats:
+    def stats(self, recorded: int, database_error: str | None, queued: int = 0) -> AuditStats:
         """A snapshot for :meth:`kvgov.audit.AuditLog.stats`.
 
         Args:
             recorded: the highest ``seq`` handed out.
             database_error: the last database error, while it fails.
+            queued: events in the writer's queue.
 
         Returns:
             The stats.
@@ -131,6 +132,8 @@ class Outbox:
             critical_spooled=tuple(f"{self._stream}:{s}" for s in self.critical_spooled),
             database_error=database_error,
             unavailable=self.unavailable,
+            queue_depth=queued,
+            spool_bytes=self.spool.size(),
         )
 
     def snapshot(self) -> Snapshot | None:

@@ -20,8 +20,9 @@ from sqlalchemy.engine import URL
 from kvgov.audit.events import FIELDS, EventType
 from kvgov.audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
 from kvgov.audit.store import open_engine
+from kvgov.exceptions import InvalidTimeBound
 
-__all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "to_time_us"]
+__all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "TimeBound", "to_time_us"]
 
 #: Event types that count as a denial.
 DENIAL_TYPES: Final = (EventType.POLICY_DENIED, EventType.SHARE_DENIED, EventType.POLICY_ERROR)
@@ -53,22 +54,52 @@ _COLUMNS: Final = (
 _SELECT_COLS: Final = tuple(getattr(AuditEventRow, c) for c in _COLUMNS)
 
 
-def to_time_us(when: datetime | int | float | None) -> int | None:
-    """Convert a query bound to microseconds since the epoch (naive datetimes are UTC).
+#: A query time bound: an aware datetime, an ISO 8601 string, or seconds since the epoch.
+TimeBound = datetime | str | int | float
+
+
+def to_time_us(when: TimeBound | None, name: str = "since") -> int | None:
+    """Convert a query bound to microseconds since the epoch.
 
     Args:
-        when: a datetime, seconds since the epoch, or None.
+        when: a timezone-aware datetime; an ISO 8601 string (``2025-01-01``,
+            ``2025-01-01T12:00:00+02:00``; UTC when it names no offset, as on the
+            command line); seconds since the epoch; or None.
+        name: the parameter's name, for the error.
 
     Returns:
         Microseconds since the epoch, or None.
+
+    Raises:
+        InvalidTimeBound: a naive datetime (its zone is unknown: local time read as
+            UTC would shift the window silently), a string that is not ISO 8601, or
+            another type.
     """
     if when is None:
         return None
-    if isinstance(when, datetime):
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        return int(when.timestamp() * 1_000_000)
-    return int(when * 1_000_000)
+    if isinstance(when, str):
+        try:
+            parsed = datetime.fromisoformat(when)
+        except ValueError:
+            raise InvalidTimeBound(
+                name, when, "not an ISO 8601 date/time, e.g. 2025-01-01T12:00:00+00:00"
+            ) from None
+        when = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    elif isinstance(when, datetime):
+        if when.tzinfo is None or when.utcoffset() is None:
+            raise InvalidTimeBound(
+                name,
+                when,
+                "a naive datetime has no time zone; give an aware one "
+                "(datetime(..., tzinfo=UTC), datetime.now(UTC)) or an ISO 8601 string",
+            )
+    elif isinstance(when, bool) or not isinstance(when, (int, float)):
+        raise InvalidTimeBound(
+            name, when, "give an aware datetime, an ISO 8601 string or epoch seconds"
+        )
+    else:
+        return int(when * 1_000_000)
+    return int(when.timestamp() * 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +136,8 @@ class AuditRecord:
     hash: str
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict in ``RECORD_FIELDS`` order (time as ISO 8601 UTC).
+        """A JSON-able dict in ``RECORD_FIELDS`` order (time as ISO 8601 UTC with its offset,
+        ``2025-01-01T12:00:00.000001+00:00``).
 
         Returns:
             The record.
@@ -114,7 +146,7 @@ class AuditRecord:
         for name in RECORD_FIELDS:
             v = getattr(self, name)
             if name == "time":
-                v = v.isoformat()
+                v = v.isoformat(timespec="microseconds")
             elif name == "block_ids":
                 v = list(v)
             out[name] = v
@@ -164,7 +196,7 @@ class CheckpointInfo:
             "chain_hash": self.chain_hash,
             "signature": self.signature,
             "key_id": self.key_id,
-            "time": self.time.isoformat(),
+            "time": self.time.isoformat(timespec="microseconds"),
         }
 
 
@@ -188,6 +220,11 @@ def _record(r: Sequence[Any]) -> AuditRecord:
 class AuditQueries:
     """Read-only compliance queries over one audit database.
 
+    Time bounds (``since`` inclusive, ``until`` exclusive) are timezone-aware
+    datetimes, ISO 8601 strings (UTC when they name no offset) or epoch seconds; a
+    naive datetime raises :class:`~kvgov.exceptions.InvalidTimeBound` (see
+    :func:`to_time_us`).
+
     Args:
         url: the audit database URL.
 
@@ -208,13 +245,22 @@ class AuditQueries:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def is_empty(self) -> bool:
+        """Whether the trail holds no event at all (one indexed row read).
+
+        Returns:
+            True when ``audit_events`` has no row.
+        """
+        with self._engine.connect() as conn:
+            return conn.execute(select(AuditEventRow.seq).limit(1)).first() is None
+
     def _run(self, stmt: Select[Any]) -> tuple[AuditRecord, ...]:
         with self._engine.connect() as conn:
             return tuple(_record(r) for r in conn.execute(stmt))
 
     @staticmethod
     def _window(stmt: Select[Any], since: Any, until: Any) -> Select[Any]:
-        lo, hi = to_time_us(since), to_time_us(until)
+        lo, hi = to_time_us(since, "since"), to_time_us(until, "until")
         if lo is not None:
             stmt = stmt.where(AuditEventRow.time_us >= lo)
         if hi is not None:
@@ -226,14 +272,14 @@ class AuditQueries:
         return stmt.order_by(AuditEventRow.time_us, AuditEventRow.stream, AuditEventRow.seq)
 
     def reuse(
-        self, tenant: str, since: datetime | None = None, until: datetime | None = None
+        self, tenant: str, since: TimeBound | None = None, until: TimeBound | None = None
     ) -> tuple[AuditRecord, ...]:
         """Every reuse of ``tenant``'s cached blocks: by which tenant, under which decision.
 
         Args:
             tenant: the owner tenant.
-            since: inclusive lower time bound (UTC).
-            until: exclusive upper time bound (UTC).
+            since: inclusive lower time bound (see :func:`to_time_us`).
+            until: exclusive upper time bound.
 
         Returns:
             ``reuse`` and ``cross_tenant_reuse`` events whose owner is ``tenant``, oldest
@@ -263,8 +309,8 @@ class AuditQueries:
     def denials(
         self,
         tenant: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: TimeBound | None = None,
+        until: TimeBound | None = None,
     ) -> tuple[AuditRecord, ...]:
         """Policy denials, share denials and policy errors (which deny: fail closed).
 
@@ -300,8 +346,8 @@ class AuditQueries:
         self,
         type: str | None = None,
         tenant: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: TimeBound | None = None,
+        until: TimeBound | None = None,
         limit: int | None = None,
     ) -> tuple[AuditRecord, ...]:
         """Generic filter over all events.
@@ -394,8 +440,8 @@ class AuditQueries:
         self,
         types: Sequence[str] | None = None,
         tenant: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: TimeBound | None = None,
+        until: TimeBound | None = None,
         batch: int = 10_000,
     ) -> Iterator[AuditRecord]:
         """Events of some types in a time window, oldest first, streamed (for long
@@ -424,11 +470,12 @@ class AuditQueries:
                 yield _record(r)
 
     def export(self, out: TextIO, format: str = "jsonl") -> int:
-        """Write every event to ``out`` as JSON Lines or CSV.
+        """Write every event to ``out`` as JSON Lines, one JSON array, or CSV (streamed).
 
         Args:
             out: a text stream.
-            format: ``jsonl`` or ``csv`` (``block_ids`` and ``details`` as JSON text).
+            format: ``jsonl``, ``json`` or ``csv`` (``block_ids`` and ``details`` as
+                JSON text).
 
         Returns:
             The number of events written.
@@ -436,16 +483,22 @@ class AuditQueries:
         Raises:
             ValueError: unknown format.
         """
-        if format not in ("jsonl", "csv"):
-            raise ValueError(f"format must be jsonl or csv, got {format!r}")
+        if format not in ("jsonl", "json", "csv"):
+            raise ValueError(f"format must be jsonl, json or csv, got {format!r}")
         n = 0
         writer = csv.writer(out) if format == "csv" else None
         if writer is not None:
             writer.writerow(RECORD_FIELDS)
+        elif format == "json":
+            out.write("[")
         for rec in self.iter_all():
             if writer is not None:
                 writer.writerow(rec.csv_row())
+            elif format == "json":
+                out.write(("\n" if n == 0 else ",\n") + json.dumps(rec.to_dict(), sort_keys=True))
             else:
                 out.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
             n += 1
+        if format == "json":
+            out.write("\n]\n" if n else "]\n")
         return n

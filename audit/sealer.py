@@ -1,10 +1,12 @@
 """The chain head of one stream: sealing events into rows and signing checkpoints.
 
 A :class:`Sealer` turns queued events into sealed rows (canonical bytes, chain hash;
-layout in :mod:`kvgov.audit.chain`) and decides when a checkpoint is due: at seq 0 of
-a new stream (before its first event: "stream S began at genesis", signed), at every
-``checkpoint_every``-th event, when unsigned events have waited ``checkpoint_seconds``,
-and at ``close``. It is not thread-safe: the writer calls it under its ``cv``.
+layout in :mod:`kvgov.audit.chain`, always in the current ``CHAIN_FORMAT``; a stream whose
+stored rows are of format 1 goes on in format 2, linked by ``prev_hash``) and decides
+when a checkpoint is due: at seq 0 of a new stream (before its first event: "stream S
+began at genesis", signed), at every ``checkpoint_every``-th event, when unsigned events
+have waited ``checkpoint_seconds``, and at ``close``. It is not thread-safe: the writer
+calls it under its ``cv``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Final
 
-from kvgov.audit.chain import GENESIS_HASH, BlockIdsJson, ChainHash, canonical_prefix, fast_json
+from kvgov.audit.chain import (
+    CHAIN_FORMAT,
+    FORMATS,
+    GENESIS_HASH,
+    BlockIdsJson,
+    ChainHash,
+    canonical_prefix,
+)
 from kvgov.audit.events import FIELDS, AuditEvent
 from kvgov.audit.signing import SigningKey, checkpoint_message
 from kvgov.audit.spool import CheckpointRecord, EventRecord
@@ -120,12 +129,14 @@ class Sealer:
         prev_row = bytearray(prev)
         stream = self.stream
         every = self._every
-        encode = fast_json
+        fmt = FORMATS[CHAIN_FORMAT]
+        number, charset = fmt.number, fmt.charset
+        encode, encode_details = fmt.head_json, fmt.details_json
         encode_ids = self._block_ids_json
         sha256 = hashlib.sha256
         scope_of, request_of = _SCOPE, _REQUEST
         scope_json = self._scope_json
-        prefix = canonical_prefix(stream)
+        prefix = canonical_prefix(stream, CHAIN_FORMAT)
         for seq, time_us, ev in items:
             scope = scope_of(ev)  # str or None only: equal tuples have equal JSON
             head = scope_json.get(scope)
@@ -135,13 +146,13 @@ class Sealer:
                 head = scope_json[scope] = encode(scope)[1:-1]
             request = request_of(ev)
             bids = encode_ids(ev.block_ids)
-            det = encode(ev.details) if ev.details else "{}"
+            det = encode_details(ev.details) if ev.details else "{}"
             text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
-            h = sha256(prev + text.encode("ascii")).digest()
+            h = sha256(prev + text.encode(charset)).digest()
             # the row holds the hashes as bytearrays: the sqlite3 driver binds those
             # directly, bytes only after an adapter lookup (half a microsecond a row)
             h_row = bytearray(h)
-            out.append((stream, seq, time_us, *scope, *request, bids, det, prev_row, h_row))
+            out.append((stream, seq, time_us, *scope, *request, bids, det, number, prev_row, h_row))
             prev, prev_row = h, h_row
             if seq % every == 0:
                 self.checkpoint(seq, ChainHash(h), cps)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,35 +283,81 @@ class KeyFiles:
     key_id: str
 
 
-def generate_key_files(private_path: str | os.PathLike[str]) -> KeyFiles:
-    """Generate an Ed25519 key pair: ``private_path`` (mode 0600) and ``<private_path>.pub``.
+def _make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each mode 0700 (whatever the umask)."""
+    missing = []
+    d = directory
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700)
+        os.chmod(d, 0o700)
+
+
+def _write_private_file(path: Path, data: bytes, *, replace: bool) -> None:
+    """Write ``data`` to ``path``, mode 0600; an existing file is replaced atomically
+    when ``replace``, else refused (``FileExistsError``)."""
+    target = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp") if replace else path
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if replace:
+            os.replace(target, path)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
+def generate_key_files(private_path: str | os.PathLike[str], *, force: bool = False) -> KeyFiles:
+    """Generate an Ed25519 key pair: ``private_path`` and ``<private_path>.pub``, both 0600.
+
+    Missing folders on the way are created with mode 0700.
 
     Args:
-        private_path: where to write the private key (must not exist).
+        private_path: where to write the private key.
+        force: replace existing key files (the old private key is gone: keep its
+            ``.pub`` elsewhere to verify the checkpoints it signed).
 
     Returns:
         The paths written and the key id.
 
     Raises:
-        SigningKeyError: the file exists or cannot be written.
+        SigningKeyError: a key file exists (without ``force``), the path is a
+            directory, or the files cannot be written (nothing is left half written).
     """
     priv = Path(private_path)
     pub = priv.with_name(priv.name + ".pub")
+    if priv.is_dir():
+        raise SigningKeyError(f"{priv} is a directory; give the path of the key file")
+    existing = [str(p) for p in (priv, pub) if p.exists()]
+    if existing and not force:
+        raise SigningKeyError(
+            f"{' and '.join(existing)} already exist(s); not overwritten (a key that "
+            "signed checkpoints is evidence); pass --force to replace it"
+        )
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     try:
-        fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        pub.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
+        _make_private_dirs(priv.parent)
+        _write_private_file(priv, pem, replace=force)
+        try:
+            _write_private_file(pub, public_pem, replace=force)
+        except BaseException:
+            if not force:
+                priv.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         raise SigningKeyError(f"cannot write key files {priv}: {exc}") from exc
     return KeyFiles(priv, pub, key_id(key.public_key()))

@@ -12,11 +12,17 @@ Line formats (one JSON object per line, ``\\n``-terminated; a last line without
 
     {"kind": "event", "stream": ..., "seq": ..., "time_us": ..., "type": ...,
      ... every audit_events column ..., "block_ids": [...], "details": {...},
-     "prev_hash": "<hex>", "hash": "<hex>"}
+     "chain_format": 2, "prev_hash": "<hex>", "hash": "<hex>"}
     {"kind": "checkpoint", "stream": ..., "seq": ..., "chain_hash": "<hex>",
      "signature": "<hex>", "key_id": ..., "time_us": ...}
     {"kind": "key", "key_id": ..., "algorithm": "ed25519", "public_key": "<hex>",
      "origin": ..., "stream": ..., "time_us": ...}
+
+An event line keeps its chain format: ``block_ids`` and ``details`` are read back into
+the JSON text that format hashes (``kvgov.audit.chain.FORMATS``), and a line without
+``chain_format`` (written before format 2 existed) is format 1, as the database's
+server default says for such rows. A line whose numbers no format-2 writer could have
+written does not parse (it is damaged, not altered silently).
 
 Every write is flushed and ``fsync``-ed before the writer reports it durable. A write
 cut short by a crash is terminated with ``\\n`` before the next append, and a line that
@@ -47,7 +53,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import URL
 
-from kvgov.audit.chain import canonical_json
+from kvgov.audit.chain import FORMATS
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 
 __all__ = [
@@ -133,6 +139,7 @@ class SpoolContents:
 
 _BLOCK_IDS = EVENT_INSERT_COLUMNS.index("block_ids")
 _DETAILS = EVENT_INSERT_COLUMNS.index("details")
+_FORMAT = EVENT_INSERT_COLUMNS.index("chain_format")
 _PREV = EVENT_INSERT_COLUMNS.index("prev_hash")
 _HASH = EVENT_INSERT_COLUMNS.index("hash")
 #: Fields of checkpoint and key records that a spool line holds as hex text.
@@ -156,11 +163,17 @@ def _event_line(row: EventRecord) -> dict[str, Any]:
 
 
 def _event_from(d: dict[str, Any]) -> EventRecord:
+    number = d.setdefault("chain_format", 1)  # a line written before format 2
+    if type(number) is not int or number not in FORMATS:
+        raise ValueError(f"unknown chain format {number!r}")
+    fmt = FORMATS[number]
     out: list[Any] = []
     for i, name in enumerate(EVENT_INSERT_COLUMNS):
         v = d[name]
         if i in (_BLOCK_IDS, _DETAILS):
-            v = canonical_json(v)
+            if number != 1:  # the numbers as format 2 reads them (1e20 came back an int)
+                v = fmt.load(json.dumps(v))
+            v = fmt.json(v)
         elif i in (_PREV, _HASH):
             v = bytes.fromhex(v)
         out.append(v)

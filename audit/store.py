@@ -22,28 +22,44 @@ from __future__ import annotations
 
 import functools
 import io
+import re
+from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select, table
 from sqlalchemy.engine import URL, make_url
 
 from kvgov.defaults import AUDIT_LOCK_TIMEOUT_SECONDS, AUDIT_URL
-from kvgov.exceptions import AuditSchemaError
+from kvgov.exceptions import (
+    AuditDatabaseMissing,
+    AuditDowngradeRefused,
+    AuditMigrationRefused,
+    AuditSchemaError,
+    InvalidAuditUrl,
+)
 
 __all__ = [
+    "DowngradePlan",
     "current_revision",
     "downgrade",
     "head_revision",
     "mask_url",
     "normalize_url",
     "open_engine",
+    "plan_downgrade",
+    "require_database",
+    "row_counts",
     "upgrade",
 ]
+
+#: The migration that added ``audit_events.chain_format`` (chain format 2).
+CHAIN_FORMAT_REVISION = "0004_chain_format"
 
 #: Seconds a PostgreSQL connection attempt may take before the writer spools instead.
 PG_CONNECT_TIMEOUT_SECONDS = 3
@@ -67,11 +83,30 @@ def normalize_url(url: str | URL) -> URL:
 
     Returns:
         The parsed URL.
+
+    Raises:
+        InvalidAuditUrl: not a URL, or not a SQLite or PostgreSQL one.
     """
-    u = make_url(url)
+    try:
+        u = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError or TypeError
+        raise InvalidAuditUrl(_redacted(url), _URL_FORM) from exc
+    if u.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
+        raise InvalidAuditUrl(u.render_as_string(hide_password=True), _URL_FORM)
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
     return u
+
+
+_URL_FORM = (
+    "not an audit database URL; give one such as sqlite:///kvgov-audit.db or "
+    "postgresql://USER@HOST:5432/DB"
+)
+
+
+def _redacted(url: object) -> str:
+    """The text of an unparsable URL, with anything between ``://user:`` and ``@`` hidden."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
 
 
 def mask_url(url: str | URL) -> str:
@@ -84,6 +119,28 @@ def mask_url(url: str | URL) -> str:
         The URL text with ``***`` for the password.
     """
     return normalize_url(url).render_as_string(hide_password=True)
+
+
+def require_database(url: str | URL) -> None:
+    """Refuse a SQLite URL whose file does not exist, before anything could create it.
+
+    Readers call this so that a mistyped path fails instead of leaving an empty file.
+    Other backends (and in-memory SQLite) pass: their server says if the database exists.
+
+    Args:
+        url: the database URL.
+
+    Raises:
+        AuditDatabaseMissing: the SQLite file does not exist.
+    """
+    u = normalize_url(url)
+    if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
+        return
+    name = str(u.database)
+    if name.startswith("file:"):  # a SQLite URI (?uri=true): its path ends at the query
+        name = name.removeprefix("file:").split("?", 1)[0]
+    if not Path(name).is_file():
+        raise AuditDatabaseMissing(mask_url(u), name)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any, *, busy_ms: int) -> None:
@@ -255,8 +312,12 @@ def open_engine(
     Raises:
         AuditSchemaError: the database is not at the head revision; run
             ``kvgov db upgrade URL``.
+        AuditDatabaseMissing: ``auto_upgrade`` is False and the SQLite file does not
+            exist (it is not created).
     """
     u = normalize_url(url)
+    if auto_upgrade is False:
+        require_database(u)
     engine = create_audit_engine(u, statement_timeout=statement_timeout)
     try:
         with engine.connect() as conn:
@@ -276,3 +337,124 @@ def open_engine(
     except BaseException:
         engine.dispose()
         raise
+
+
+#: The tables of the audit schema whose rows :func:`row_counts` reports.
+AUDIT_TABLES = ("audit_events", "audit_checkpoints", "audit_keys", "offload_keys")
+_DROP_TABLE = re.compile(r'DROP TABLE (?:IF EXISTS )?"?(\w+)"?', re.I)
+
+
+def row_counts(url: str | URL) -> dict[str, int]:
+    """How many rows each audit table holds (tables that do not exist are left out).
+
+    Args:
+        url: the database URL (a SQLite file must exist: see :func:`require_database`).
+
+    Returns:
+        ``{table: rows}`` in :data:`AUDIT_TABLES` order.
+    """
+    require_database(url)
+    engine = create_audit_engine(url)
+    try:
+        with engine.connect() as conn:
+            present = set(inspect(conn).get_table_names())
+            return {
+                t: int(conn.execute(select(func.count()).select_from(table(t))).scalar_one())
+                for t in AUDIT_TABLES
+                if t in present
+            }
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class DowngradePlan:
+    """What a downgrade would do, found before it runs.
+
+    Attributes:
+        current: the revision the database is at.
+        target: the revision it would reach (None: base, no schema at all).
+        dropped: ``{table: rows}`` of every table the downgrade drops, in drop order.
+        events: audit events the database holds now.
+    """
+
+    current: str
+    target: str | None
+
+    dropped: dict[str, int]
+    events: int = 0
+
+    @property
+    def events_lost(self) -> int:
+        """Audit events the downgrade deletes (0 when ``audit_events`` survives)."""
+        return self.dropped.get("audit_events", 0)
+
+    @property
+    def trail_survives(self) -> bool:
+        """Whether ``audit_events`` is still there afterwards."""
+        return "audit_events" not in self.dropped
+
+    @property
+    def rows_lost(self) -> int:
+        """Rows of every dropped table."""
+        return sum(self.dropped.values())
+
+
+def plan_downgrade(url: str | URL, revision: str) -> DowngradePlan:
+    """Find which tables, holding how many rows, a downgrade to ``revision`` drops.
+
+    The tables are read from the SQL Alembic renders for the downgrade (offline), so
+    the plan follows the migrations as written; nothing is changed.
+
+    Args:
+        url: the database URL.
+        revision: an explicit target: ``base`` or a revision id (not relative like
+            ``-1``, nor ``head``).
+
+    Returns:
+        The plan.
+
+    Raises:
+        AuditMigrationRefused: the target is not explicit, not below the current
+            revision, or the database has no schema.
+        AuditDowngradeRefused: the downgrade keeps a trail holding events below the
+            revision that introduced chain format 2.
+        AuditDatabaseMissing: the SQLite file does not exist.
+    """
+    script = ScriptDirectory.from_config(_config())
+    known = [r.revision for r in script.walk_revisions()]
+    if revision != "base" and revision not in known:
+        raise AuditMigrationRefused(
+            f"{revision!r} is not an explicit target revision; give base (which drops the "
+            f"audit trail) or one of: {', '.join(reversed(known))}"
+        )
+    counts = row_counts(url)
+    current = current_revision(url)
+    if current is None:
+        raise AuditMigrationRefused(
+            f"{mask_url(url)} has no audit schema (revision none): nothing to downgrade"
+        )
+    target = None if revision == "base" else revision
+    below = [r.revision for r in script.iterate_revisions(current, "base")]
+    if target is not None and (target == current or target not in below):
+        raise AuditMigrationRefused(
+            f"{revision} is not below the database's revision {current}: nothing to "
+            "downgrade (see `kvgov db current`)"
+        )
+    sql = downgrade(url, f"{current}:{revision}", sql=True)
+    dropped = {t: counts.get(t, 0) for t in dict.fromkeys(_DROP_TABLE.findall(sql))}
+    events = counts.get("audit_events", 0)
+    plan = DowngradePlan(current=current, target=target, dropped=dropped, events=events)
+    undone = [r.revision for r in script.iterate_revisions(current, revision)]
+    if CHAIN_FORMAT_REVISION in undone and plan.trail_survives and events:
+        # Rows written since 0004 are chain format 2, which the schema before it cannot
+        # tell from format 1; the downgrade's own record would be one more. Refused here,
+        # before anything is recorded, rather than by the migration half-way.
+        raise AuditDowngradeRefused(
+            CHAIN_FORMAT_REVISION,
+            f"the trail holds {events} audit event(s) and a downgrade that keeps it below "
+            "this revision would leave chain-format-2 events (its own record among them) "
+            "that the older schema cannot verify. Keep this revision, or export the trail "
+            "(`kvgov audit export`) and downgrade to base with --yes-destroy-audit-trail",
+        )
+    return plan

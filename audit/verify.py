@@ -22,6 +22,11 @@ What it cannot detect from the database alone: events removed (or forged events
 appended) after the last checkpoint, together with every later checkpoint, within
 the unsigned tail the caller allows; see docs/audit.md for exactly what each mode proves.
 
+Each row is recomputed in its own chain format (its ``chain_format`` column; see
+:mod:`kvgov.audit.chain`), so a trail written before format 2, and a stream that goes on
+in format 2 after it, verify; the format's tag is hashed, so a flipped column shows as
+an edited event, and an unknown format as ``unknown_format``.
+
 The hot path reads raw driver rows (no ORM objects) through a server-side cursor on
 PostgreSQL, in ``(stream, seq)`` order along the unique index.
 """
@@ -41,7 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Connection, func, select
 from sqlalchemy.engine import URL
 
-from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_json, canonical_prefix, fast_json
+from kvgov.audit.chain import FORMATS, GENESIS_HASH, ChainHash, canonical_prefix
 from kvgov.audit.expect import ExpectedStreams, expected_problems
 from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEventRow, AuditKey
 from kvgov.audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
@@ -60,13 +65,13 @@ PROGRESS_MIN_EVENTS: Final = 100_000
 #: The hashed scalar columns after ``stream`` (the scan's filter): ``seq`` .. ``policy_revision``.
 _HEAD_COLS: Final = EVENT_INSERT_COLUMNS[1:19]
 #: What SQLite returns per event: the head as JSON, rendered by SQLite's ``json_array``
-#: (no Python object per column; see :func:`_ascii_head` for the one difference).
+#: (no Python object per column): format 2's text; see :func:`_ascii_head` for format 1.
 _SQLITE_SCAN: Final = (
-    f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, prev_hash, hash "
-    "FROM audit_events WHERE stream = ? ORDER BY seq"
+    f"SELECT seq, json_array({', '.join(_HEAD_COLS)}), block_ids, details, prev_hash, hash, "
+    "chain_format FROM audit_events WHERE stream = ? ORDER BY seq"
 )
-#: Any other database: the columns, encoded by :func:`kvgov.audit.chain.fast_json`.
-_SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "prev_hash", "hash")
+#: Any other database: the columns, the head encoded by its format's ``head_json``.
+_SCAN_COLS: Final = (*_HEAD_COLS, "block_ids", "details", "prev_hash", "hash", "chain_format")
 #: Characters the canonical form escapes and SQLite's JSON keeps as they are.
 _NOT_CANONICAL: Final = re.compile(r"[^\x00-\x7e]")
 
@@ -78,8 +83,8 @@ class Problem:
     Attributes:
         stream: the stream.
         seq: the event (or checkpoint) sequence number where it shows.
-        kind: ``hash_mismatch``, ``broken_link``, ``seq_gap``, ``seq_order``,
-            ``checkpoint_mismatch``, ``checkpoint_beyond_end``, ``bad_signature``,
+        kind: ``hash_mismatch``, ``unknown_format``, ``broken_link``, ``seq_gap``,
+            ``seq_order``, ``checkpoint_mismatch``, ``checkpoint_beyond_end``, ``bad_signature``,
             ``unknown_key``, ``untrusted_key``; with ``require_checkpoints``
             ``no_checkpoint`` or ``unsigned_tail``; with ``expected``
             ``unexpected_stream``, ``missing_stream``, ``expected_beyond_end`` or
@@ -164,11 +169,19 @@ class VerifyReport:
         return tuple(p for s in self.streams for p in s.problems)
 
 
-def _pg_canonical(text: str) -> str:
-    """Re-encode JSONB text canonically (JSONB adds spaces and reorders keys)."""
+def _pg_canonical(text: str, chain_format: Any) -> str:
+    """Re-encode JSONB text in a row's format (JSONB adds spaces and reorders keys).
+
+    What cannot be re-encoded (a number format 2 never writes, an unknown format) gives
+    text no writer hashed, so the event shows as edited.
+    """
     if '"' not in text:  # numbers, arrays, {}: no keys, no strings; only spacing differs
         return text.replace(" ", "")
-    return canonical_json(json.loads(text))
+    fmt = FORMATS.get(chain_format)
+    try:
+        return fmt.json(fmt.load(text)) if fmt is not None else text
+    except ValueError:
+        return f"[not format {chain_format}]"
 
 
 class _StreamCheck:
@@ -213,8 +226,8 @@ def _streams(conn: Connection) -> Iterator[str]:
 
 
 #: One event as the hot loop reads it: seq, head JSON (``[seq, ..., policy_revision]``),
-#: block_ids JSON, details JSON, stored prev_hash, stored hash.
-_ScanRow = tuple[int, str, str, str, bytes, bytes]
+#: block_ids JSON, details JSON, stored prev_hash, stored hash, chain_format.
+_ScanRow = tuple[int, str, str, str, bytes, bytes, Any]
 
 
 def _batches(conn: Connection, stream: str, *, sqlite_json: bool) -> Iterator[list[_ScanRow]]:
@@ -236,29 +249,24 @@ def _batches(conn: Connection, stream: str, *, sqlite_json: bool) -> Iterator[li
         finally:
             cur.close()
         return
-    encode = fast_json
-    pg = conn.dialect.name == "postgresql"
     n = len(_HEAD_COLS)
     for rows in _column_batches(conn, stream):
-        try:
-            heads = [encode(r[:n]) for r in rows]
-        except TypeError:
-            heads = [_head_json(r[:n]) for r in rows]
-        if pg:  # JSONB text adds spaces and reorders keys
-            yield [
-                (r[0], h, _pg_canonical(r[n]), _pg_canonical(r[n + 1]), r[n + 2], r[n + 3])
-                for r, h in zip(rows, heads, strict=True)
-            ]
+        if conn.dialect.name == "postgresql":  # JSONB text adds spaces and reorders keys
+            yield [_pg_row(r, n) for r in rows]
         else:
-            yield [
-                (r[0], h, r[n], r[n + 1], r[n + 2], r[n + 3])
-                for r, h in zip(rows, heads, strict=True)
-            ]
+            yield [(r[0], _head_json(r[:n], r[n + 4]), *r[n : n + 5]) for r in rows]
 
 
-def _head_json(values: tuple[Any, ...]) -> str:
+def _pg_row(r: tuple[Any, ...], n: int) -> _ScanRow:
+    number = r[n + 4]
+    bids, det = _pg_canonical(r[n], number), _pg_canonical(r[n + 1], number)
+    return (r[0], _head_json(r[:n], number), bids, det, r[n + 2], r[n + 3], number)
+
+
+def _head_json(values: tuple[Any, ...], chain_format: Any) -> str:
+    """The head's JSON in the row's format (format 1's for an unknown one: it fails anyway)."""
     try:
-        return fast_json(values)
+        return FORMATS.get(chain_format, FORMATS[1]).head_json(values)
     except TypeError:  # a value JSON cannot hold (a BLOB written into a text column)
         return "[not JSON]"  # never a canonical head, so the event shows as edited
 
@@ -290,9 +298,10 @@ def _ascii_head(head: str) -> str:
     r"""Escape what SQLite's JSON leaves raw: every character above ``~`` as ``\uXXXX``.
 
     SQLite's ``json_array`` escapes quotes, backslashes and control characters exactly
-    as the canonical form does, and writes integers, NULL and text the same way; it
-    only keeps non-ASCII characters (and DEL) raw, where the canonical form escapes
-    them (UTF-16 surrogate pairs above U+FFFF, like Python's ``json``).
+    as both formats do (``\b \t \n \f \r``, else ``\u00xx``), and writes integers, NULL
+    and text the same way; it keeps non-ASCII characters (and DEL) raw, as format 2
+    (RFC 8785) does and format 1 does not: format 1 escapes them (UTF-16 surrogate pairs
+    above U+FFFF, like Python's ``json``), which this does.
     """
     return _NOT_CANONICAL.sub(lambda m: json.dumps(m.group())[1:-1], head)
 
@@ -521,20 +530,34 @@ def _check_stream(
 def _check_batch(st: _StreamCheck, batch: list[_ScanRow]) -> None:
     """Recompute the hashes of one batch of a stream's rows (the verifier's hot loop).
 
-    Layout in :mod:`kvgov.audit.chain`: the stream's prefix, the head JSON without its
-    brackets, then ``,block_ids,details]``.
+    Layout in :mod:`kvgov.audit.chain`: the stream's prefix in the row's format, the
+    head JSON without its brackets, then ``,block_ids,details]``, as UTF-8 (format 1's
+    text is ASCII).
     """
     sha256 = hashlib.sha256
-    prefix = canonical_prefix(st.stream)
+    prefixes = {number: canonical_prefix(st.stream, number) for number in FORMATS}
     cps = st.cps
     running, expect = st.running, st.expect
-    for seq, head, bids, det, prev, stored in batch:
-        if not head.isascii() or "\x7f" in head:
-            head = _ascii_head(head)
-        h = sha256(running + f"{prefix}{head[1:-1]},{bids},{det}]".encode()).digest()
+    for seq, head, bids, det, prev, stored, number in batch:
+        prefix = prefixes.get(number)
+        if prefix is not None:
+            if number == 1 and (not head.isascii() or "\x7f" in head):
+                head = _ascii_head(head)
+            text = f"{prefix}{head[1:-1]},{bids},{det}]"
+            h = sha256(running + text.encode("utf-8", "surrogatepass")).digest()
+        else:
+            h = b""
         if h != stored:
             st.running, st.expect = running, expect
-            _diagnose(st, seq, bytes(prev))
+            if prefix is None:
+                st.add(
+                    seq,
+                    "unknown_format",
+                    f"chain_format {number!r} is no format this kvgov knows "
+                    f"({', '.join(map(str, FORMATS))}): the row was edited",
+                )
+            else:
+                _diagnose(st, seq, bytes(prev))
         elif seq != expect:  # consistent hash but wrong position: cannot happen
             st.add(seq, "seq_order", f"expected seq {expect}, found {seq}")
         elif prev != running:  # the hash holds, so only the prev_hash column was edited

@@ -94,7 +94,7 @@ __all__ = ["AuditLog"]
 
 _log = structlog.get_logger("kvgov.audit")
 
-#: Seconds the writer thread sleeps between drains when no batch is waiting.
+#: Seconds between the starts of two writer passes (sooner when woken: a critical event, a flush).
 WRITER_INTERVAL_SECONDS: Final = 0.05
 #: Least seconds after a database failure before it is tried again (events are spooled
 #: meanwhile); doubled per failure in a row up to the max, plus jitter (kvgov.retry).
@@ -219,13 +219,9 @@ class AuditLog:
         now_us = round(clock() * 1_000_000)
         key = KeyRecord(self._key.key_id, self._key.public_raw, self._key.origin, stream, now_us)
         self._out = Outbox(
-            spool,
-            Quarantine(quarantine_path(path)),
-            stream,
-            head.seq,
-            key,
+            spool, Quarantine(quarantine_path(path)), stream, head.seq, key,
             lambda: round(self._clock() * 1_000_000),
-        )
+        )  # fmt: skip
         self._sealer = Sealer(
             stream, self._key, clock, head.seq, head.hash, head.last_checkpoint,
             checkpoint_every, self._checkpoint_seconds,
@@ -339,9 +335,9 @@ class AuditLog:
             The counters and sequence numbers (see :class:`AuditStats`).
         """
         with self._lock:
-            recorded = self._next_seq - 1
+            recorded, queued = self._next_seq - 1, len(self._dq)
         with self._cv:
-            return self._out.stats(recorded, self._db_error)
+            return self._out.stats(recorded, self._db_error, queued)
 
     def flush(self) -> None:
         """Write everything recorded so far (database, or spool while it is down).
@@ -499,9 +495,11 @@ class AuditLog:
             print(f"kvgov audit: events lost at exit: {exc}", file=sys.stderr)
 
     def _run(self) -> None:
-        while True:
-            self._wake.wait(WRITER_INTERVAL_SECONDS)
+        due = time.monotonic()
+        while True:  # one pass per interval from the last one's start, sooner when woken
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
+            due = time.monotonic() + WRITER_INTERVAL_SECONDS
             final = self._stop
             try:
                 self._pass(final=final)
@@ -543,14 +541,14 @@ class AuditLog:
     # ------------------------------------------------------------------ persisting
 
     def _pass(self, *, final: bool = False) -> None:
-        """Seal and persist everything queued, a batch at a time."""
+        """Seal and persist a batch; more only while full ones wait (no back-to-back commits)."""
         while True:
             with self._cv:
                 self._seal_from_queue_locked(self._batch_size, final)
                 snap = self._out.snapshot()
             if snap is not None:
                 self._persist(snap)
-            if not self._dq:
+            if not self._dq or (not final and len(self._dq) < self._batch_size):
                 return
 
     def _persist(self, snap: Snapshot) -> None:

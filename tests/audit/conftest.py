@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -103,6 +104,21 @@ def scalar(url: str, sql: str) -> object:
         with engine.connect() as conn:
             return conn.execute(text(sql)).scalar()
     finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def sqlite_locked(url: str) -> Iterator[None]:
+    """Hold an exclusive lock on a SQLite audit database (writers time out) while inside."""
+    engine = create_engine(normalize_url(url))
+    conn = engine.raw_connection()
+    conn.driver_connection.isolation_level = None  # type: ignore[union-attr]
+    conn.cursor().execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
         engine.dispose()
 
 

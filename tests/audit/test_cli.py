@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.audit.cli import audit_group, db_group
 
-from .conftest import attacker, sample_event
+from .conftest import attacker, sample_event, sqlite_locked
 
 
 @pytest.fixture()
@@ -118,20 +118,14 @@ def test_status_lists_critical_events_whose_evidence_is_only_spooled(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An erasure spooled while the database is locked is listed by `audit status`."""
-    from sqlalchemy import create_engine
 
     from kvgov.audit import store as store_mod
-    from kvgov.audit.store import normalize_url
 
     monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
     log = AuditLog(sqlite_url, "w1", retry_seconds=0.0)  # default spool: next to the file
     log.record(sample_event(0))
     log.flush()
-    engine = create_engine(normalize_url(sqlite_url))
-    conn = engine.raw_connection()
-    conn.driver_connection.isolation_level = None  # type: ignore[union-attr]
-    conn.cursor().execute("BEGIN EXCLUSIVE")
-    try:
+    with sqlite_locked(sqlite_url):
         rec = log.record_durable(AuditEvent(EventType.ERASURE, tenant="acme"))
         assert rec.evidence == "spooled"
         result = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url, "--json"])
@@ -142,10 +136,6 @@ def test_status_lists_critical_events_whose_evidence_is_only_spooled(
         assert entry["critical_spooled"][0]["tenant"] == "acme"
         table = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url])
         assert "only spooled" in table.output and rec.event_id in table.output
-    finally:
-        conn.rollback()
-        conn.close()
-        engine.dispose()
     log.close()
     after = CliRunner().invoke(audit_group, ["status", "--url", sqlite_url, "--json"])
     assert json.loads(after.output) == []  # replayed at close; the marker is gone

@@ -53,7 +53,7 @@ def _run(group: object, args: list[str]) -> Result:
         ("postgresql://postgres@127.0.0.1:1/none", 3, "server runs"),
         ("not a url", 2, "not an audit database URL"),
         ("foo://bar", 2, "not an audit database URL"),
-        ("sqlite:////nonexistent/dir/audit.db", 3, "directory exists"),
+        ("sqlite:////nonexistent/dir/audit.db", 3, "no audit database"),
     ],
 )
 def test_query_commands_fail_in_one_line(args: list[str], url: str, code: int, hint: str) -> None:

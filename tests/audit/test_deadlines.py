@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, verify
 from kvgov.audit import store as store_mod
 from kvgov.audit.spool import Spool
-from kvgov.audit.store import create_audit_engine, normalize_url
+from kvgov.audit.store import create_audit_engine
 from tests.faults.conftest import ProxiedPg
 
-from .conftest import sample_event, scalar
+from .conftest import sample_event, scalar, sqlite_locked
 
 BOUND = 10.0  # seconds: far above every deadline below, far below "hangs"
 
@@ -148,17 +148,9 @@ def test_critical_event_is_spooled_when_sqlite_is_locked(sqlite_url: str, tmp_pa
     log = AuditLog(sqlite_url, "w1", spool_path=spool, critical_deadline=1.0)
     log.record(sample_event(0))
     log.flush()
-    engine = create_engine(normalize_url(sqlite_url))
-    conn = engine.raw_connection()
-    conn.driver_connection.isolation_level = None  # type: ignore[union-attr]
-    conn.cursor().execute("BEGIN EXCLUSIVE")
-    try:
+    with sqlite_locked(sqlite_url):
         rec, elapsed = _within(lambda: log.record_durable(_erasure()))
         assert rec.evidence == "spooled" and elapsed < BOUND
-    finally:
-        conn.rollback()
-        conn.close()
-        engine.dispose()
     _within(log.flush)  # the lock is gone: the spool replays
     _within(log.close)
     assert _count(sqlite_url) == 2 and verify(sqlite_url).ok

@@ -35,12 +35,13 @@ def test_non_json_details_are_refused(value: object) -> None:
 
 
 def test_integral_floats_become_ints_and_details_are_copied() -> None:
-    """1e20 is stored as an int (JSONB-stable) and later caller edits do not leak in."""
-    src = {"big": 1e20, "half": 0.5, "inner": {"n": 2.0}}
+    """Integral floats within +-(2**53 - 1) become ints; larger ones stay floats (RFC 8785
+    has no form for such an int); later caller edits do not leak in."""
+    src = {"big": 1e20, "edge": 9007199254740991.0, "half": 0.5, "inner": {"n": 2.0}}
     ev = AuditEvent(EventType.ADMISSION, details=src)
     src["inner"]["n"] = 99  # type: ignore[index]
-    assert ev.details == {"big": 10**20, "half": 0.5, "inner": {"n": 2}}
-    assert type(ev.details["big"]) is int
+    assert ev.details == {"big": 1e20, "edge": 2**53 - 1, "half": 0.5, "inner": {"n": 2}}
+    assert type(ev.details["big"]) is float and type(ev.details["edge"]) is int
 
 
 def test_block_ids_and_counts_are_checked() -> None:
@@ -115,18 +116,30 @@ def test_text_at_the_column_limit_is_accepted() -> None:
 
 @pytest.mark.parametrize(
     "details",
-    [{"k\x00": 1}, {"k": "v\ud800"}, {"k\udfff": 1}, {"n": 2**1100}, {"n": [-(2**1100)]}],
+    [
+        {"k\x00": 1},
+        {"k": "v\ud800"},
+        {"k\udfff": 1},
+        {"n": 2**1100},
+        {"n": [-(2**1100)]},
+        {"n": 2**53},
+        {"n": {"m": -(2**53)}},
+    ],
 )
 def test_details_the_store_would_refuse_are_refused(details: dict[str, object]) -> None:
-    """NUL or surrogates in details keys and strings, and integers beyond a double, are refused."""
+    """NUL or surrogates in details keys and strings, and integers beyond 2**53 - 1, are refused."""
     with pytest.raises(InvalidAuditEvent, match="details"):
         AuditEvent(EventType.ADMISSION, details=details)
 
 
-def test_counts_beyond_a_bigint_are_refused() -> None:
-    """token_count and reused_tokens must fit PostgreSQL's bigint column."""
-    AuditEvent(EventType.ADMISSION, token_count=2**63 - 1)
+def test_counts_and_block_ids_beyond_2_53_are_refused() -> None:
+    """Counts and block ids must be at most 2**53 - 1, the largest integer RFC 8785 writes."""
+    AuditEvent(EventType.ADMISSION, token_count=2**53 - 1, block_ids=(0, 2**53 - 1))
     with pytest.raises(InvalidAuditEvent, match="token_count"):
-        AuditEvent(EventType.ADMISSION, token_count=2**63)
+        AuditEvent(EventType.ADMISSION, token_count=2**53)
     with pytest.raises(InvalidAuditEvent, match="reused_tokens"):
         AuditEvent(EventType.ADMISSION, reused_tokens=2**64)
+    for bad in (2**53, 2**56, 2**63, 2**64 - 1):  # bits 53, 56, 63 and all: each byte checked
+        with pytest.raises(InvalidAuditEvent, match="block_ids") as info:
+            AuditEvent(EventType.RELEASE, block_ids=(1, bad, 2))
+        assert str(bad) in str(info.value)

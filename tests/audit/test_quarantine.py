@@ -21,7 +21,7 @@ from kvgov.audit.signing import SigningKey
 from kvgov.audit.spool import Quarantine, Spool, quarantine_path
 from kvgov.audit.store import normalize_url
 
-from .conftest import FixedClock, sample_event, scalar
+from .conftest import FixedClock, sample_event, scalar, sqlite_locked
 
 POISON_SQLITE = (
     "CREATE TRIGGER poison BEFORE INSERT ON audit_events WHEN NEW.tenant = 'poison' "
@@ -189,10 +189,47 @@ def test_quarantine_and_spool_are_prometheus_metrics(sqlite_url: str, tmp_path: 
     _poison(sqlite_url)
     with AuditLog(sqlite_url, "w1", spool_path=tmp_path / "w1.spool.jsonl") as log:
         log.record(AuditEvent(EventType.ADMISSION, tenant="poison"))
-        log.flush()
+        log.flush()  # quarantines the poisoned record and records an audit_gap event ...
+        log.flush()  # ... which this one writes (flush covers what was recorded before it)
         registry = CollectorRegistry()
         registry.register(AuditCollector(log))
         value = registry.get_sample_value
-        assert value("kvgov_audit_quarantined_total", {"stream": "w1"}) == 1
+        assert value("kvgov_audit_quarantined_records_total", {"stream": "w1"}) == 1
         assert value("kvgov_audit_unavailable", {"stream": "w1"}) == 0
-        assert value("kvgov_audit_critical_spooled", {"stream": "w1"}) == 0
+        assert value("kvgov_audit_critical_spooled_events", {"stream": "w1"}) == 0
+        assert value("kvgov_audit_queue_depth", {"stream": "w1"}) == 0  # flushed
+        assert value("kvgov_audit_spool_bytes", {"stream": "w1"}) == 0
+
+
+def test_spool_size_and_queue_depth_are_prometheus_metrics(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the database is locked: the spool's events and bytes, the critical ones, the queue."""
+    from prometheus_client import CollectorRegistry
+
+    from kvgov.audit import store as store_mod
+    from kvgov.audit import upgrade
+    from kvgov.audit.metrics import AuditCollector
+
+    upgrade(sqlite_url)
+    monkeypatch.setattr(store_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    spool = tmp_path / "w1.spool.jsonl"
+    log = AuditLog(sqlite_url, "w1", spool_path=spool, retry_seconds=60.0)
+    registry = CollectorRegistry()
+    registry.register(AuditCollector(log))
+    value = registry.get_sample_value
+    log.record(sample_event(0))
+    log.flush()
+    with sqlite_locked(sqlite_url):
+        rec = log.record_durable(AuditEvent(EventType.ERASURE, tenant="acme"))
+        assert rec.evidence == "spooled"
+        for i in range(3):  # queued behind the database's retry wait
+            log.record(sample_event(i))
+        labels = {"stream": "w1"}
+        assert value("kvgov_audit_spool_bytes", labels) == spool.stat().st_size > 0
+        assert value("kvgov_audit_spool_events", labels) == log.stats().spooled >= 1
+        assert value("kvgov_audit_spooled_events_total", labels) >= 1
+        assert value("kvgov_audit_critical_spooled_events", labels) == 1
+        assert value("kvgov_audit_queue_depth", labels) == log.stats().queue_depth == 3
+    log.close()
+    assert not spool.exists()

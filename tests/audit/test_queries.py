@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from kvgov.audit import AuditEvent, AuditLog, AuditQueries, EventType
+from kvgov.exceptions import AuditError, InvalidTimeBound
 
 from .conftest import FixedClock
 
@@ -106,3 +107,35 @@ def test_checkpoints_latest_per_stream(filled: str) -> None:
     with AuditQueries(filled) as q:
         (cp,) = q.checkpoints()
         assert cp.stream == "w1" and cp.seq == 6 and len(cp.signature) == 128
+
+
+def test_time_bounds_as_iso_strings_and_aware_datetimes(filled: str) -> None:
+    """An ISO 8601 string (with or without offset: UTC) and an aware datetime in any
+    zone bound the window alike."""
+    with AuditQueries(filled) as q:
+        first, second = q.reuse("acme")
+        iso = second.time.isoformat()
+        assert q.reuse("acme", since=iso) == (second,)
+        assert q.reuse("acme", until=iso) == (first,)
+        naive_text = second.time.replace(tzinfo=None).isoformat()  # UTC by convention
+        assert q.reuse("acme", since=naive_text) == (second,)
+        plus2 = second.time.astimezone(timezone(timedelta(hours=2)))
+        assert q.reuse("acme", since=plus2) == (second,)
+        assert q.events(since=plus2.isoformat(), until=None)[0] == second
+
+
+def test_a_naive_datetime_is_refused_with_a_typed_error(filled: str) -> None:
+    """A naive datetime (local or UTC? unknown) raises InvalidTimeBound, a ValueError
+    with a one-line reason naming the parameter, before any query runs."""
+    with AuditQueries(filled) as q:
+        with pytest.raises(InvalidTimeBound) as info:
+            q.reuse("acme", until=datetime(2030, 1, 1))
+        assert isinstance(info.value, AuditError) and isinstance(info.value, ValueError)
+        assert info.value.name == "until" and "naive" in str(info.value)
+        assert "\n" not in str(info.value)
+        with pytest.raises(InvalidTimeBound, match="since="):
+            q.denials(since=datetime(2030, 1, 1))
+        with pytest.raises(InvalidTimeBound, match="ISO 8601"):
+            q.events(since="last tuesday")
+        with pytest.raises(InvalidTimeBound):
+            list(q.iter_events(until=datetime(2030, 1, 1)))

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DatabaseError
 
 from kvgov.audit import AuditLog, AuditQueries, current_revision, downgrade, head_revision, upgrade
 from kvgov.audit.store import normalize_url, open_engine
-from kvgov.exceptions import AuditSchemaError
+from kvgov.exceptions import AuditSchemaError, InvalidAuditUrl
 
 from .conftest import sample_event
 
@@ -128,3 +128,21 @@ def test_text_columns_match_the_shared_limits(db_url: str) -> None:
         engine.dispose()
     for name, limit in TEXT_LIMITS.items():
         assert getattr(columns[name], "length", None) == limit, name
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("not a url", "not a url"),
+        ("foo://bar", "foo://bar"),
+        ("mysql://root:hunter2@db/audit", "mysql://root:***@db/audit"),
+        (12, "12"),
+    ],
+)
+def test_bad_audit_url_is_a_typed_error_without_the_password(url: object, shown: str) -> None:
+    """GovernedKVCache.create / AuditLog with a URL that is not SQLite or PostgreSQL: a
+    typed error naming the argument, the password hidden, and no file created."""
+    with pytest.raises(InvalidAuditUrl) as info:
+        AuditLog(url)  # type: ignore[arg-type]
+    assert "audit_url" in str(info.value) and shown in str(info.value)
+    assert "hunter2" not in str(info.value)

@@ -209,7 +209,7 @@ def test_blob_in_a_text_column_is_reported(tmp_path: Path, populate: Populate) -
 
 
 def _forge(url: str, stream: str, first_seq: int, prev: bytes, n: int, t0: int) -> bytes:
-    """Insert n events with correct chain hashes (anyone can compute SHA-256); return the head."""
+    """Insert n format-2 events with correct chain hashes (anyone can compute SHA-256)."""
     from sqlalchemy import insert
 
     from kvgov.audit.events import FIELDS
@@ -224,7 +224,7 @@ def _forge(url: str, stream: str, first_seq: int, prev: bytes, n: int, t0: int) 
         h = chain_hash(prev, canonical_event_bytes(head, "[]", "{}"))  # type: ignore[arg-type]
         rows.append(
             {"stream": stream, "seq": seq, "time_us": t0 + i, "type": "admission", **values,
-             "block_ids": [], "details": {}, "prev_hash": prev, "hash": h}
+             "block_ids": [], "details": {}, "chain_format": 2, "prev_hash": prev, "hash": h}
         )  # fmt: skip
         prev = h
     engine = create_engine(normalize_url(url))
