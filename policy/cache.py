@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 from kvgov.defaults import DECISION_CACHE_SIZE
 from kvgov.policy.bundle import canonical_json
 from kvgov.policy.engine import Decision, PolicyEngine
+from kvgov.policy.latency import LatencyHistogram, LatencySnapshot
 
 __all__ = ["CacheStats", "CachedEngine"]
 
@@ -113,6 +115,8 @@ class CachedEngine:
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
+        #: How long the engine took per rule path (misses only: a hit is not evaluated).
+        self._latency: dict[str, LatencyHistogram] = {}
         self.name: str = engine.name
 
     @property
@@ -214,7 +218,7 @@ class CachedEngine:
                 # Not JSON: the engine will fail closed on it; nothing to cache.
                 with self._lock:
                     self._misses += 1
-                return None, self._engine.evaluate(path, input)
+                return None, self._evaluate(path, input)
             build = lambda: input  # noqa: E731 - built once, reused on the miss below
         full = (path, key, self._engine.bundle_revision)
         lru = self._lru
@@ -225,7 +229,7 @@ class CachedEngine:
                 self._hits += 1
                 return hit, hit.decision
             self._misses += 1
-        decision = self._engine.evaluate(path, build())
+        decision = self._evaluate(path, build())
         if decision.error is None and self._maxsize > 0:
             entry = _Entry(dataclasses.replace(decision, cached=True))
             # Key by the revision that actually decided (it may have moved on).
@@ -236,6 +240,28 @@ class CachedEngine:
                 while len(lru) > self._maxsize:
                     lru.popitem(last=False)
         return None, decision
+
+    def _evaluate(self, path: str, input: Mapping[str, Any]) -> Decision:
+        """Ask the engine, timing it into the rule's latency histogram."""
+        start = time.perf_counter()
+        decision = self._engine.evaluate(path, input)
+        elapsed = time.perf_counter() - start
+        histogram = self._latency.get(path)
+        if histogram is None:
+            with self._lock:
+                histogram = self._latency.setdefault(path, LatencyHistogram())
+        histogram.observe(elapsed)
+        return decision
+
+    def latency(self) -> dict[str, LatencySnapshot]:
+        """How long the engine's evaluations took, per rule path (cache hits excluded).
+
+        Returns:
+            A snapshot per rule path evaluated so far.
+        """
+        with self._lock:
+            histograms = dict(self._latency)
+        return {path: h.snapshot() for path, h in sorted(histograms.items())}
 
     def stats(self) -> CacheStats:
         """Return the hit and miss counters and the size.

@@ -2,16 +2,18 @@
 compare two bundles, replay recorded decisions against a candidate.
 
 ``kvgov policy test [DIR] [--engine embedded|reference|both] [--coverage]
-[--min-coverage PCT]`` runs every ``test_`` rule of the bundle (the bundled one by
-default) on the embedded engine (regorus, the default), on the reference engine
-(OPA itself) or on both, prints pass / fail per test and a summary per engine,
-with ``--coverage`` the reference engine's line coverage of the policy modules,
-and exits 1 on any failure or coverage under ``--min-coverage`` (2 when the
-bundle does not load or the reference engine is not installed).
+[--min-coverage PCT] [--format text|json] [--junit FILE]`` runs every ``test_``
+rule of the bundle (the bundled one by default) on the embedded engine (regorus,
+the default), on the reference engine (OPA itself) or on both, prints pass / fail
+per test and a summary per engine (or one JSON object), with ``--coverage`` the
+reference engine's line coverage of the policy modules, writes JUnit XML with
+``--junit``, and exits 1 on any failure or coverage under ``--min-coverage`` (2
+when the bundle does not load or the reference engine is not installed).
 
-``kvgov policy eval RULE --input FILE|JSON [--data FILE] [--bundle DIR]`` prints
-the decision as JSON and exits 0, or 1 when the decision failed closed with an
-error (2 when the bundle does not load).
+``kvgov policy eval RULE --input FILE|JSON [--data FILE] [--bundle DIR]
+[--fail-on-deny]`` prints the decision as JSON and exits 0, or 1 when the decision
+failed closed with an error, or with ``--fail-on-deny`` did not allow (2 when the
+bundle does not load).
 
 ``kvgov policy diff OLD_DIR NEW_DIR`` and ``kvgov policy replay --candidate DIR
 (--url URL | --decision-log FILE)`` print what would change (see
@@ -37,7 +39,7 @@ from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.reference import CoverageReport
 from kvgov.policy.review import ReviewReport
-from kvgov.policy.testing import RegoTestReport, run_tests
+from kvgov.policy.testing import RegoTestReport, junit_xml, run_tests
 
 __all__ = ["policy_group"]
 
@@ -48,6 +50,8 @@ _ENGINES = {
     "reference": ("reference",),
     "both": ("embedded", "reference"),
 }
+#: Console width when stdout is not a terminal: rows are never cut or wrapped.
+_PIPE_WIDTH = 10_000
 _ENGINE_TITLE = {"embedded": "embedded engine (regorus)", "reference": "reference engine (OPA)"}
 
 
@@ -113,35 +117,77 @@ def _print_coverage(console: Console, coverage: CoverageReport) -> None:
     metavar="PCT",
     help="Exit 1 when coverage is below PCT (implies --coverage).",
 )
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object, a report per engine (see docs/policy.md).",
+)
+@click.option(
+    "--junit",
+    "junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Also write the results as JUnit XML (for CI) to FILE.",
+)
 def test_command(
-    directory: Path | None, quiet: bool, engine: str, coverage: bool, min_coverage: float | None
+    directory: Path | None,
+    quiet: bool,
+    engine: str,
+    coverage: bool,
+    min_coverage: float | None,
+    fmt: str,
+    junit: Path | None,
 ) -> None:
     """Run every test_ rule of the bundle in DIRECTORY (default: the bundled policy)."""
-    console = Console(highlight=False)
+    as_text = fmt == "text"
+    console = _console()
     coverage = coverage or min_coverage is not None
     engines = _ENGINES[engine]
     if coverage and "reference" not in engines:
         engines = (*engines, "reference")
     ok = True
+    reports: list[RegoTestReport] = []
     for name in engines:
-        console.print(f"[bold]== {_ENGINE_TITLE[name]}[/]")
+        if as_text:
+            console.print(f"[bold]== {_ENGINE_TITLE[name]}[/]")
         try:
             report = run_tests(directory, engine=name, coverage=coverage and name == "reference")
         except PolicyLoadError as exc:
-            console.print(f"[bold red]bundle does not load:[/] {exc}")
+            click.echo(f"bundle does not load: {exc}", err=not as_text)
             raise click.exceptions.Exit(2) from None
         except PolicyError as exc:
-            console.print(f"[bold red]cannot run the {name} engine:[/] {exc}")
+            click.echo(f"cannot run the {name} engine: {exc}", err=not as_text)
             raise click.exceptions.Exit(2) from None
-        _print_tests(console, report, quiet)
+        reports.append(report)
+        if as_text:
+            _print_tests(console, report, quiet)
         ok = ok and report.passed
         if report.coverage is not None:
-            _print_coverage(console, report.coverage)
+            if as_text:
+                _print_coverage(console, report.coverage)
             if min_coverage is not None and report.coverage.percent < min_coverage:
-                console.print(f"[bold red]coverage is below {min_coverage:g}%[/]")
+                if as_text:
+                    console.print(f"[bold red]coverage is below {min_coverage:g}%[/]")
                 ok = False
+    if junit is not None:
+        junit.write_text(junit_xml(reports), encoding="utf-8")
+    if not as_text:
+        out: dict[str, Any] = {"passed": ok, "min_coverage": min_coverage}
+        out["engines"] = [r.to_dict() for r in reports]
+        click.echo(json.dumps(out, indent=2))
     if not ok:
         raise click.exceptions.Exit(1)
+
+
+def _console() -> Console:
+    """Rich output; in a pipe, wide enough that no name or detail is cut short."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=_PIPE_WIDTH, soft_wrap=True)
 
 
 def _json_argument(value: str, what: str) -> Any:
@@ -177,8 +223,19 @@ def _json_argument(value: str, what: str) -> Any:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="The bundle directory (default: the bundled policy).",
 )
-def eval_command(rule: str, input_: str, data_file: Path | None, bundle_dir: Path | None) -> None:
-    """Evaluate RULE (e.g. kvgov/admission/decision) and print the decision as JSON."""
+@click.option(
+    "--fail-on-deny",
+    is_flag=True,
+    help="Exit 1 when the decision does not allow (a deny, an undefined rule).",
+)
+def eval_command(
+    rule: str, input_: str, data_file: Path | None, bundle_dir: Path | None, fail_on_deny: bool
+) -> None:
+    """Evaluate RULE (e.g. kvgov/admission/decision) and print the decision as JSON.
+
+    Exits 0 on any decision, allow or deny (1 when it failed closed with an error);
+    with --fail-on-deny, exits 1 on a deny too.
+    """
     policy_input = _json_argument(input_, "--input")
     if not isinstance(policy_input, dict):
         raise click.BadParameter("the input must be a JSON object", param_hint="--input")
@@ -195,7 +252,7 @@ def eval_command(rule: str, input_: str, data_file: Path | None, bundle_dir: Pat
     finally:
         engine.close()
     click.echo(json.dumps(dataclasses.asdict(decision), indent=2, sort_keys=True))
-    if decision.error is not None:
+    if decision.error is not None or (fail_on_deny and not decision.allow):
         raise click.exceptions.Exit(1)
 
 
@@ -315,5 +372,5 @@ def diff_command(
         click.echo(json.dumps({**revisions, **report.to_dict()}, indent=2))
     else:
         heading = f"old {revisions['old_revision']} -> new {revisions['new_revision']}"
-        _print_review(Console(highlight=False), report, heading)
+        _print_review(_console(), report, heading)
     _finish(report, fail_on_change)

@@ -38,6 +38,7 @@ from kvgov.exceptions import PolicyError
 from kvgov.policy.cache import CachedEngine, CacheStats
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import Decision, PolicyEngine
+from kvgov.policy.latency import LatencySnapshot
 from kvgov.policy.reference import ReferenceEngine
 from kvgov.schema import SCOPE_FIELDS
 
@@ -364,6 +365,14 @@ class PolicyClient:
     def cache_stats(self) -> CacheStats:
         """Return the decision cache's hits, misses and size."""
         return self._cached.stats()
+
+    def evaluation_latency(self) -> dict[str, LatencySnapshot]:
+        """How long the engine took per rule path, for evaluations the cache did not serve.
+
+        Returns:
+            A latency histogram snapshot per rule path.
+        """
+        return self._cached.latency()
 
     def admission(
         self, scope: Mapping[str, Any], tokens: int, priority: int | None

@@ -28,6 +28,11 @@ passed (or on :meth:`OpaServerEngine.refresh_revision`); ``"unknown"`` until a
 read succeeds. Decisions are tagged, and cached, under the revision known when
 they were made, so a bundle swap on the server is seen within ``revision_ttl``.
 
+Redirects are refused: a 3xx answer fails closed and its target is never
+contacted, so neither the policy input (which carries tenants and scopes) nor the
+bearer token can be sent to another host by a misconfigured or hostile server.
+``requests`` follows redirects by default, re-sending a 307/308 POST with its body.
+
 Threads: one ``OpaClient`` (one ``requests`` session) per thread.
 """
 
@@ -50,6 +55,31 @@ from kvgov.policy.engine import Decision, failed_decision, json_shape, make_deci
 __all__ = ["OpaServerEngine"]
 
 _PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+class RedirectRefused(requests.RequestException):
+    """OPA answered with a redirect; kvgov does not follow it."""
+
+
+def _refuse_redirect(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+    """A ``requests`` response hook: raise before the session follows a redirect."""
+    if response.is_redirect or response.is_permanent_redirect:
+        target = response.headers.get("location", "?")
+        raise RedirectRefused(
+            f"OPA answered HTTP {response.status_code} redirecting to {target!r}; "
+            "redirects are refused",
+            response=response,
+        )
+
+
+class _Client(OpaClient):  # type: ignore[misc]
+    """``OpaClient`` whose session refuses redirects (see the module notes)."""
+
+    def _init_session(self) -> requests.Session:
+        session: requests.Session = super()._init_session()
+        session.max_redirects = 0
+        session.hooks["response"].append(_refuse_redirect)
+        return session
 
 
 class OpaServerEngine:
@@ -107,7 +137,7 @@ class OpaServerEngine:
     def _client(self) -> OpaClient:
         client: OpaClient | None = getattr(self._local, "client", None)
         if client is None:
-            client = OpaClient(
+            client = _Client(
                 host=self._host,
                 port=self._port,
                 ssl=self._ssl,
@@ -231,6 +261,8 @@ def _describe(exc: BaseException, timeout: float) -> str:
         status = response.status_code if response is not None else "?"
         text = response.text[:200].strip() if response is not None else ""
         return f"HTTP {status} from OPA: {text}" if text else f"HTTP {status} from OPA"
+    if isinstance(exc, RedirectRefused):
+        return str(exc)
     if isinstance(exc, requests.JSONDecodeError):
         return f"malformed answer: body is not JSON ({exc})"
     if isinstance(exc, requests.RequestException):

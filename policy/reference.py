@@ -44,7 +44,7 @@ from typing import Any
 from kvgov.exceptions import PolicyError, PolicyLoadError, PolicyTestFailure
 from kvgov.policy.bundle import Bundle, load_bundle
 from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
-from kvgov.policy.testing import RegoTestReport, RegoTestResult, discover_tests
+from kvgov.policy.testing import RegoTestReport, RegoTestResult, discover_tests, failure_detail
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -223,9 +223,8 @@ def _test_values(opa: Any, tests: Sequence[tuple[str, str]], coverage: bool) -> 
 
 
 def _detail(values: list[Any]) -> str:
-    if not values:
-        return "undefined"
-    return "false" if values[0] is False else ""
+    """OPA's answer for one test rule: no value is undefined."""
+    return failure_detail(values[0] if values else None)
 
 
 def run_reference_tests(

@@ -5,23 +5,31 @@
 coverage when asked; :func:`run_tests` loads a bundle and runs them on the one
 named. Tests follow OPA's conventions (the reference engine is the library ``opa
 test`` runs): a test is a rule whose name starts with ``test_``, in any package
-of a ``*_test.rego`` file, written at the start of a line (as OPA's formatter
-writes it). A
-test passes when it is defined and not ``false``; it fails when it is undefined
-(a condition did not hold), ``false``, or raises an error. Tests see the bundle's
+of a ``*_test.rego`` file. They are found in the module's syntax tree as the
+embedded engine parses it (:func:`discover_tests`), not by matching text, so any
+valid way of writing a rule counts (``test_x if {...}``, ``test_x := true if
+...``, ``test_x contains ...``, a ``default``, indented or not, in a package with
+dots); functions (``test_f(x)``) and rules whose name only starts a longer
+reference (``test_a.b := ...``) are not tests, as in OPA. A test passes when it
+is defined and not ``false``; it fails when it is undefined (a condition did not
+hold), ``false``, or raises an error. Tests see the bundle's
 own data.json (never the caller's ``policy_data``), as ``opa test DIR`` does.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from collections.abc import Callable
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from kvgov.exceptions import PolicyError
+import regorus
+
+from kvgov.exceptions import InternalError, PolicyError
 from kvgov.policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
 
 if TYPE_CHECKING:
@@ -32,15 +40,26 @@ __all__ = [
     "RegoTestReport",
     "RegoTestResult",
     "discover_tests",
+    "failure_detail",
+    "junit_xml",
     "run_bundle_tests",
     "run_tests",
 ]
 
+
+def failure_detail(value: Any) -> str:
+    """Why a test rule's value fails: ``"undefined"`` (None), ``"false"``, or ``""`` (passed).
+
+    Shared by both engines' runners, so the two reports say the same thing.
+    """
+    return "undefined" if value is None else "false" if value is False else ""
+
+
 #: The engines a bundle's tests run on: regorus in-process, and OPA itself.
 ENGINES = ("embedded", "reference")
 
-_PACKAGE = re.compile(r"^package\s+([A-Za-z_][\w.]*)", re.M)
-_TEST_RULE = re.compile(r"^(test_\w+)\b(?!\s*\()", re.M)
+#: Rule heads in regorus's syntax tree that define a value (``Func`` is a function).
+_VALUE_HEADS = ("Compr", "Set")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,25 +114,166 @@ class RegoTestReport:
         """Qualified names of the failing tests."""
         return tuple(r.qualified_name for r in self.results if not r.passed)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data (``kvgov policy test --format json``).
+
+        Returns:
+            ``engine``, ``passed``, ``tests``, ``failed``, ``results`` (one object per
+            test: ``file``, ``package``, ``name``, ``qualified_name``, ``passed``,
+            ``detail``, ``seconds``) and ``coverage`` (None, or ``percent`` and per
+            policy module ``name``, ``percent``, ``covered`` / ``not_covered`` lines).
+        """
+        coverage = None
+        if self.coverage is not None:
+            coverage = {
+                "percent": self.coverage.percent,
+                "files": [
+                    {
+                        "name": f.name,
+                        "percent": f.percent,
+                        "covered": sorted(f.covered),
+                        "not_covered": sorted(f.not_covered),
+                    }
+                    for f in self.coverage.files
+                ],
+            }
+        return {
+            "engine": self.engine,
+            "passed": self.passed,
+            "tests": len(self.results),
+            "failed": len(self.failures),
+            "results": [
+                {
+                    "file": r.file,
+                    "package": r.package,
+                    "name": r.name,
+                    "qualified_name": r.qualified_name,
+                    "passed": r.passed,
+                    "detail": r.detail,
+                    "seconds": r.seconds,
+                }
+                for r in self.results
+            ],
+            "coverage": coverage,
+        }
+
+
+def junit_xml(reports: Sequence[RegoTestReport]) -> str:
+    """JUnit XML of test reports, as CI systems read it (``kvgov policy test --junit``).
+
+    One ``<testsuite>`` per engine, one ``<testcase>`` per ``test_`` rule
+    (``classname`` the package, ``name`` the rule, ``file``, ``time``); a failing test
+    holds a ``<failure>`` whose ``type`` is ``undefined``, ``false`` or ``error`` and
+    whose ``message`` is the detail. A report without tests is one failing testcase
+    (a bundle that tests nothing is not accepted as tested).
+
+    Args:
+        reports: one report per engine.
+
+    Returns:
+        The XML document.
+    """
+    root = ET.Element("testsuites", name="kvgov policy test")
+    total = failed = 0
+    seconds = 0.0
+    for report in reports:
+        cases = list(report.results)
+        suite = ET.SubElement(root, "testsuite", name=f"rego ({report.engine} engine)")
+        suite_failed = 0
+        for r in cases:
+            case = ET.SubElement(
+                suite, "testcase", classname=r.package, name=r.name, file=r.file,
+                time=f"{r.seconds:.6f}",
+            )  # fmt: skip
+            if not r.passed:
+                suite_failed += 1
+                kind = "error" if r.detail.startswith("error") else r.detail or "failed"
+                failure = ET.SubElement(case, "failure", type=kind, message=r.detail)
+                failure.text = f"{r.qualified_name}: {r.detail}"
+        if not cases:
+            suite_failed += 1
+            case = ET.SubElement(suite, "testcase", classname="kvgov", name="no_test_rules")
+            ET.SubElement(case, "failure", type="no_tests", message="no test_ rules found")
+        suite_seconds = sum(r.seconds for r in cases)
+        count = max(len(cases), 1)
+        suite.set("tests", str(count))
+        suite.set("failures", str(suite_failed))
+        suite.set("errors", "0")
+        suite.set("time", f"{suite_seconds:.6f}")
+        total, failed, seconds = total + count, failed + suite_failed, seconds + suite_seconds
+    root.set("tests", str(total))
+    root.set("failures", str(failed))
+    root.set("errors", "0")
+    root.set("time", f"{seconds:.6f}")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _package_ref(ref: dict[str, Any]) -> str:
+    """The package of a module's syntax tree as a Rego reference after ``data.``:
+    ``kvgov.admission_test``, or ``a["b-c"].d_test`` for a segment that is not a name."""
+    if "Var" in ref:
+        return str(ref["Var"]["value"])
+    if "RefDot" in ref:
+        inner, segment = ref["RefDot"]["refr"], str(ref["RefDot"]["field"][1])
+    elif "RefBrack" in ref and "String" in ref["RefBrack"]["index"]:
+        inner, segment = ref["RefBrack"]["refr"], str(ref["RefBrack"]["index"]["String"]["value"])
+    else:  # pragma: no cover - regorus refuses any other package path
+        raise InternalError(f"a package path regorus should have refused: {ref}")
+    head = _package_ref(inner)
+    if _IDENTIFIER.fullmatch(segment):
+        return f"{head}.{segment}"
+    return f"{head}[{json.dumps(segment)}]"
+
+
+def _rule_name(rule: dict[str, Any]) -> str | None:
+    """The name a rule defines, when it is a value rule named by one plain variable."""
+    if "Default" in rule:
+        ref = rule["Default"]["refr"]
+    elif "Spec" in rule:
+        head = rule["Spec"]["head"]
+        kind = next((k for k in _VALUE_HEADS if k in head), None)
+        if kind is None:
+            return None
+        ref = head[kind]["refr"]
+    else:  # pragma: no cover - regorus has no other rule kinds
+        return None
+    var = ref.get("Var") if isinstance(ref, dict) else None
+    return str(var["value"]) if var is not None else None
+
 
 def discover_tests(files: tuple[PolicyFile, ...]) -> list[tuple[PolicyFile, str, str]]:
-    """Find the ``test_`` rules of test modules.
+    """Find the ``test_`` rules of test modules in their syntax tree (regorus's parser).
 
     Args:
         files: the test modules.
 
     Returns:
-        ``(file, package, rule name)`` for each test, each name once per package.
+        ``(file, package, rule name)`` for each test, in file then source order,
+        each name once per package.
+
+    Raises:
+        PolicyLoadError: a module does not parse.
     """
     found: list[tuple[PolicyFile, str, str]] = []
     seen: set[tuple[str, str]] = set()
     for f in files:
-        m = _PACKAGE.search(f.source)
-        if m is None:
-            continue
-        package = m.group(1)
-        for name in _TEST_RULE.findall(f.source):
-            if (package, name) not in seen:
+        engine = regorus.Engine()
+        try:
+            engine.add_policy(f.path, f.source)
+        except Exception as exc:
+            raise regorus_error(exc, default_file=f.path) from None
+        modules = json.loads(engine.get_ast_as_json())
+        if len(modules) != 1:
+            raise InternalError(f"regorus returned {len(modules)} syntax trees for {f.name}")
+        module = modules[0]
+        package = _package_ref(module["ast"]["package"]["refr"])
+        for rule in module["ast"]["rules"]:
+            name = _rule_name(rule)
+            if name is not None and name.startswith("test_") and (package, name) not in seen:
                 seen.add((package, name))
                 found.append((f, package, name))
     return found
@@ -141,7 +301,7 @@ def run_bundle_tests(
         start = clock()
         try:
             value = engine.eval_rule(f"data.{package}.{name}")
-            detail = "undefined" if value is None else "false" if value is False else ""
+            detail = failure_detail(value)
         except Exception as exc:
             detail = f"error: {regorus_error(exc, default_file=f.path)}"
         results.append(

@@ -56,6 +56,11 @@ class FakeOpa:
         self.mode = "ok"
         self.delay = 0.3
         self.requests = 0
+        self.gets = 0
+        # When set, every request is answered with this status and a Location
+        # header pointing at redirect_to + the request's path.
+        self.redirect_to: str | None = None
+        self.redirect_status = 307
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fake-opa-eval")
         fake = self
 
@@ -73,6 +78,15 @@ class FakeOpa:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _redirected(self) -> bool:
+                if fake.redirect_to is None:
+                    return False
+                self.send_response(fake.redirect_status)
+                self.send_header("Location", fake.redirect_to + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+
             def _authorised(self) -> bool:
                 if fake.token is None:
                     return True
@@ -82,7 +96,8 @@ class FakeOpa:
                 return False
 
             def do_GET(self) -> None:
-                if not self._authorised():
+                fake.gets += 1
+                if self._redirected() or not self._authorised():
                     return
                 if self.path.rstrip("/") == "/v1/data/system/bundles":
                     if fake.revision is None:
@@ -109,7 +124,7 @@ class FakeOpa:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 fake.requests += 1
-                if not self._authorised():
+                if self._redirected() or not self._authorised():
                     return
                 if not self.path.startswith("/v1/data/"):
                     self._send(404, b"{}")

@@ -14,8 +14,10 @@ from tests.policy.conftest import needs_reference
 
 
 def test_policy_group_is_a_click_group() -> None:
-    """policy_group is the click group the kvgov CLI mounts."""
+    """policy_group is the click group the kvgov CLI mounts (which adds replay)."""
     import click
+
+    import kvgov.govern.cli  # noqa: F401  (mounts `policy replay`, whatever ran before)
 
     assert isinstance(policy_group, click.Group)
     assert set(policy_group.commands) == {"test", "eval", "diff", "replay"}

@@ -172,3 +172,28 @@ def test_bad_url_is_refused(url: str) -> None:
     """A URL that is not http(s)://host[:port] raises PolicyError."""
     with pytest.raises(PolicyError):
         OpaServerEngine(url)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_redirects_are_refused(
+    reference: ReferenceEngine, scope: dict[str, Any], status: int
+) -> None:
+    """A server that redirects (to another host here) gets a fail-closed decision,
+    and the redirect's target never receives the input, the token or a revision read."""
+    target = FakeOpa(reference)
+    server = FakeOpa(reference, token="s3cret")
+    try:
+        server.redirect_to = target.url.replace("127.0.0.1", "localhost")
+        server.redirect_status = status
+        e = OpaServerEngine(server.url, token="s3cret", timeout=2.0)
+        assert e.bundle_revision == "unknown"
+        d = e.evaluate(ADMISSION, request(scope))
+        assert not d.allow and d.error is not None
+        assert f"HTTP {status} redirecting to" in d.error and "refused" in d.error
+        assert server.requests == 1 and target.requests == 0 and target.gets == 0
+        server.redirect_to = None
+        assert e.evaluate(ADMISSION, request(scope)).allow
+        e.close()
+    finally:
+        server.close()
+        target.close()

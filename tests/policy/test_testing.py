@@ -8,6 +8,7 @@ import pytest
 
 from kvgov.exceptions import PolicyLoadError
 from kvgov.policy.testing import run_tests
+from tests.policy.conftest import needs_reference
 
 
 def test_every_bundle_test_passes() -> None:
@@ -63,3 +64,71 @@ def test_syntax_error_in_test_file_is_a_load_error(bundle_copy: Path) -> None:
     with pytest.raises(PolicyLoadError) as info:
         run_tests(bundle_copy)
     assert info.value.file is not None and info.value.file.endswith("bad_test.rego")
+
+
+FORMS = """package kvgov.forms.deep_test
+
+import rego.v1
+
+test_if_block if {
+\ttrue
+}
+
+test_assign := true if {
+\t1 == 1
+}
+
+test_assign_plain := true
+
+  test_indented if true
+
+test_contains contains "x" if true
+
+default test_default := true
+
+test_fails if false
+
+test_helper(x) := x
+
+not_a_test := true
+
+message := `
+test_inside_a_raw_string
+`
+"""
+
+FOUND = {
+    "test_if_block": True,
+    "test_assign": True,
+    "test_assign_plain": True,
+    "test_indented": True,
+    "test_contains": True,
+    "test_default": True,
+    "test_fails": False,
+}
+
+
+@pytest.mark.parametrize("engine", ["embedded", pytest.param("reference", marks=needs_reference)])
+def test_tests_are_found_in_any_valid_form(bundle_copy: Path, engine: str) -> None:
+    """Every way of writing a test_ rule is found (a default, indented, `:= ... if`,
+    `contains`, in a dotted package); functions and text in strings are not tests."""
+    (bundle_copy / "forms_test.rego").write_text(FORMS)
+    report = run_tests(bundle_copy, engine=engine)
+    mine = {r.name: r.passed for r in report.results if r.package == "kvgov.forms.deep_test"}
+    assert mine == FOUND
+    assert report.failures == ("kvgov.forms.deep_test.test_fails",)
+
+
+@pytest.mark.parametrize("engine", ["embedded", pytest.param("reference", marks=needs_reference)])
+def test_a_package_path_with_a_quoted_segment_is_evaluated(bundle_copy: Path, engine: str) -> None:
+    """`package team["kv-cache"].checks_test`: found, and evaluated under that path."""
+    (bundle_copy / "quoted_test.rego").write_text(
+        'package team["kv-cache"].checks_test\n\nimport rego.v1\n\n'
+        "test_passes if true\n\ntest_fails if false\n"
+    )
+    report = run_tests(bundle_copy, engine=engine)
+    mine = {r.qualified_name: r.passed for r in report.results if r.package.startswith("team")}
+    assert mine == {
+        'team["kv-cache"].checks_test.test_passes': True,
+        'team["kv-cache"].checks_test.test_fails': False,
+    }
