@@ -17,6 +17,7 @@ from kvgov.allocator.eviction import EvictionQueue
 from kvgov.allocator.metadata import BlockState
 from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
 from kvgov.allocator.pool import BlockPool, PoolCounts, Revoked
+from kvgov.allocator.pool_state import resolve_device
 from kvgov.allocator.sizing import (
     Capacity,
     blocks_in_bytes,
@@ -46,5 +47,6 @@ __all__ = [
     "blocks_in_bytes",
     "capacity",
     "concurrent_sequences",
+    "resolve_device",
     "tokens_in_bytes",
 ]

@@ -18,7 +18,7 @@ from kvgov.allocator.eviction import EvictionQueue
 from kvgov.allocator.metadata import CACHED_CODE, DIRTY_CODE, FREE_CODE, BlockTable
 from kvgov.allocator.pool_state import PoolState, _state_name
 from kvgov.allocator.zeroize import make_zeroizer
-from kvgov.exceptions import BlockStateError, InvalidSpec, PoolClosed
+from kvgov.exceptions import BlockStateError, InvalidSpec
 
 __all__ = ["PoolErasure", "Revoked"]
 
@@ -62,11 +62,9 @@ class PoolErasure(PoolState):
             ZeroizationError: an evicted block failed verification (it stays DIRTY).
             PoolClosed: the pool was closed.
         """
-        if not isinstance(reason, str) or not reason:
-            raise InvalidSpec("reason", reason, "must be a non-empty string")
+        _check_reason(reason)
         with self._lock:
-            if self._closed:
-                raise PoolClosed()
+            self._open()
             ids = list(block_ids)
             self._ids(ids)
             count = self._meta.count
@@ -102,11 +100,9 @@ class PoolErasure(PoolState):
             ZeroizationError: an evicted block failed verification (it stays DIRTY).
             PoolClosed: the pool was closed.
         """
-        if not isinstance(reason, str) or not reason:
-            raise InvalidSpec("reason", reason, "must be a non-empty string")
+        _check_reason(reason)
         with self._lock:
-            if self._closed:
-                raise PoolClosed()
+            self._open()
             ids = list(block_ids)
             self._ids(ids)
             return self._evict_cached(ids, reason)
@@ -143,8 +139,7 @@ class PoolErasure(PoolState):
             PoolClosed: the pool was closed.
         """
         with self._lock:
-            if self._closed:
-                raise PoolClosed()
+            self._open()
             ids = list(block_ids)
             self._ids(ids)
             count = self._meta.count
@@ -215,3 +210,9 @@ class PoolErasure(PoolState):
         self._dirty = 0
         self._detached = set()
         self._observer = None
+
+
+def _check_reason(reason: object) -> None:
+    """Refuse an eviction reason that is not a non-empty string (nothing changed yet)."""
+    if not isinstance(reason, str) or not reason:
+        raise InvalidSpec("reason", reason, "must be a non-empty string")

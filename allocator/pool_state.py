@@ -69,17 +69,37 @@ def _word_dtype(bytes_per_block: int) -> torch.dtype:
     return torch.uint8
 
 
-def _check_device_present(asked: object, dev: torch.device) -> None:
-    """Refuse a CUDA device this machine does not have, before torch asserts on it."""
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Parse a device and refuse one this machine does not have, before torch asserts.
+
+    Callers that set other things up first (an audit log, an output folder) check the
+    device with this before they do, so that a wrong device changes nothing.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or a torch device.
+
+    Returns:
+        The torch device.
+
+    Raises:
+        InvalidSpec: not a device torch knows; CUDA asked where torch sees none
+            ("CUDA is not available on this machine"), or a CUDA index beyond the
+            machine's devices.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidSpec("device", device, f"not a torch device: {exc}") from exc
     if dev.type != "cuda":
-        return
+        return dev
     if not torch.cuda.is_available():
         raise InvalidSpec(
-            "device", asked, "CUDA is not available on this machine; use device='cpu'"
+            "device", device, "CUDA is not available on this machine; use device='cpu'"
         )
     count = torch.cuda.device_count()
     if dev.index is not None and dev.index >= count:
-        raise InvalidSpec("device", asked, f"this machine has {count} CUDA device(s)")
+        raise InvalidSpec("device", device, f"this machine has {count} CUDA device(s)")
+    return dev
 
 
 class PoolState:
@@ -111,11 +131,7 @@ class PoolState:
         if not isinstance(spec, KVSpec):
             raise InvalidSpec("spec", spec, "must be an allocator.KVSpec")
         num_blocks = positive_int("num_blocks", num_blocks)
-        try:
-            dev = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidSpec("device", device, f"not a torch device: {exc}") from exc
-        _check_device_present(device, dev)
+        dev = resolve_device(device)
         self._spec = spec
         self._num_blocks = num_blocks
         self._bytes_per_block = spec.bytes_per_block

@@ -11,7 +11,9 @@ pair to pair):
   encrypted side is ``OffloadStore.restore`` (read, checks, authenticated decryption
   into new bytes);
 * load into (host only): copying into a preallocated buffer against
-  ``restore(into=...)``, which decrypts straight into it (how a block is restored).
+  ``restore(into=...)``, which decrypts straight into it;
+* load block (host only): the same into a CPU tensor, as a pool block is (how the
+  governor restores), both sides taking the tensor's byte view per block.
 
 Ratios are per pair (encrypted / plain), summarized by their median and quartiles
 (benchmarks/paired.py); throughputs are from the median times. Target: the encrypted
@@ -37,10 +39,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
+import torch
 
 from benchmarks.paired import RatioStats, ratio_stats
 from kvgov.audit import SqlWrappedKeyStore
 from kvgov.offload import DiskTier, HostMemoryTier, LocalKEK, OffloadStore, RedisTier, SealedBlock
+from kvgov.offload.payload import writable
 from kvgov.offload.tier import Tier
 
 BLOCK_BYTES = 2 << 20
@@ -155,6 +159,20 @@ def bench_tier(
                     raise SystemExit(f"host: block {i} was not restored into the buffer")
 
             rows.append(_row(name, "load into", _pairs(n, plain_into, enc_into)))
+            # a pool block is a tensor: both sides take its byte view per block, as a
+            # restore into a block must
+            block = torch.zeros(BLOCK_BYTES // 2, dtype=torch.float16)
+
+            def plain_block(i: int) -> None:
+                obj = plain_tier.get(keys_[i])
+                assert obj is not None
+                writable(block).view[:] = obj.ciphertext
+
+            def enc_block(i: int) -> None:
+                if not store.restore(keys_[i], SCOPE, "acme", into=block).hit:
+                    raise SystemExit(f"host: block {i} was not restored into the tensor")
+
+            rows.append(_row(name, "load block", _pairs(n, plain_block, enc_block)))
         return rows
     finally:
         store.close()

@@ -7,17 +7,59 @@ governor on kvgov's own block pool (:mod:`kvgov.allocator`), the object a
 serving stack embeds; ``CacheScope`` says what must match before KV state is
 reused. ``OffloadConfig`` adds encrypted offload tiers (host memory, disk,
 Redis) under the governor: see docs/offload.md.
+
+The names are resolved on first use (PEP 562), so ``kvgov.govern.cli`` (the audit
+and policy commands) does not import torch.
 """
 
-from .cache import GovernedKVCache
-from .governor import Governor, LiveSequence
-from .keys import CacheKey, KeyDeriver, NamespaceRoot, ScopeDigest, namespace_root, scope_digest
-from .offload_config import OffloadConfig, parse_tier_url
-from .offloading import Offloading
-from .protocol import GovernedPool, OffloadablePool
-from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
-from .scope import CacheScope
-from .stats import CacheStats, OffloadSnapshot, TenantStats
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvgov.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from kvgov.govern.cache import GovernedKVCache
+    from kvgov.govern.governor import Governor, LiveSequence
+    from kvgov.govern.keys import (
+        CacheKey,
+        KeyDeriver,
+        NamespaceRoot,
+        ScopeDigest,
+        namespace_root,
+        scope_digest,
+    )
+    from kvgov.govern.offload_config import OffloadConfig, parse_tier_url
+    from kvgov.govern.offloading import Offloading
+    from kvgov.govern.protocol import GovernedPool, OffloadablePool
+    from kvgov.govern.results import Admission, ErasureReport, InvalidationReport, ReconcileReport
+    from kvgov.govern.scope import CacheScope
+    from kvgov.govern.stats import CacheStats, OffloadSnapshot, TenantStats
+
+_EXPORTS = {
+    "Admission": "kvgov.govern.results",
+    "CacheKey": "kvgov.govern.keys",
+    "CacheScope": "kvgov.govern.scope",
+    "CacheStats": "kvgov.govern.stats",
+    "ErasureReport": "kvgov.govern.results",
+    "GovernedKVCache": "kvgov.govern.cache",
+    "GovernedPool": "kvgov.govern.protocol",
+    "Governor": "kvgov.govern.governor",
+    "InvalidationReport": "kvgov.govern.results",
+    "KeyDeriver": "kvgov.govern.keys",
+    "LiveSequence": "kvgov.govern.governor",
+    "NamespaceRoot": "kvgov.govern.keys",
+    "OffloadConfig": "kvgov.govern.offload_config",
+    "OffloadSnapshot": "kvgov.govern.stats",
+    "OffloadablePool": "kvgov.govern.protocol",
+    "Offloading": "kvgov.govern.offloading",
+    "ReconcileReport": "kvgov.govern.results",
+    "ScopeDigest": "kvgov.govern.keys",
+    "TenantStats": "kvgov.govern.stats",
+    "namespace_root": "kvgov.govern.keys",
+    "parse_tier_url": "kvgov.govern.offload_config",
+    "scope_digest": "kvgov.govern.keys",
+}
 
 __all__ = [
     "Admission",
@@ -43,3 +85,6 @@ __all__ = [
     "parse_tier_url",
     "scope_digest",
 ]
+
+
+__getattr__, __dir__ = lazy_exports("kvgov.govern", _EXPORTS, globals())

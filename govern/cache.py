@@ -29,10 +29,11 @@ from typing import Any
 import torch
 
 from kvgov import defaults
-from kvgov.allocator import BlockPool, KVSpec
+from kvgov.allocator import BlockPool, KVSpec, resolve_device
 from kvgov.audit import AuditLog, Deferred, EventType
 from kvgov.exceptions import (
     DuplicateSequence,
+    PolicyDenied,
     UnknownSequence,
 )
 from kvgov.policy import PolicyClient
@@ -157,10 +158,13 @@ class GovernedKVCache(CacheMaintenance):
             KeySecretError: no usable secret.
             PolicyLoadError: the policy bundle does not load or its tests fail.
             AuditSchemaError: the audit database needs ``kvgov db upgrade``.
-            InvalidSpec: nonsense sizes.
+            InvalidSpec: nonsense sizes, or a device this machine does not have
+                (``device="cuda"`` without CUDA: "CUDA is not available"), refused
+                before the audit log, policy or offload tiers are opened.
             KEKError: ``offload`` is given without a usable key-encryption key.
             InvalidArgument: a bad ``offload`` configuration (a tier URL, say).
         """
+        resolve_device(device)  # a device this machine lacks: refused before anything opens
         parts = open_parts(
             policy_dir=policy_dir,
             policy_data=policy_data,
@@ -263,6 +267,28 @@ class GovernedKVCache(CacheMaintenance):
         reference the admission took is given back (new blocks zeroized, hit
         blocks cached again) and no sequence is registered.
         """
+        start = time.perf_counter()
+        latency = self._gov.admission_latency
+        try:
+            admission = self._admit(seq_id, scope, token_ids, priority, public_prefix_tokens)
+        except PolicyDenied:
+            latency["denied"].observe(time.perf_counter() - start)
+            raise
+        except BaseException:
+            latency["error"].observe(time.perf_counter() - start)
+            raise
+        latency["admitted"].observe(time.perf_counter() - start)
+        return admission
+
+    def _admit(
+        self,
+        seq_id: str,
+        scope: CacheScope,
+        token_ids: Sequence[int],
+        priority: int | None,
+        public_prefix_tokens: int,
+    ) -> Admission:
+        """:meth:`admit`, untimed."""
         packed = check_admission(seq_id, scope, token_ids, priority, public_prefix_tokens)
         gov = self._gov
         gov.check_not_purging(scope.tenant)
@@ -292,7 +318,17 @@ class GovernedKVCache(CacheMaintenance):
                     )
                     cached_tokens += restored * self._block_size
                 gov.key_admitted(scope, block_ids, len(hit_ids), plan, adm.priority)
-                gov.record_admission(view, seq_id, block_ids, plan, adm, priority, cached_tokens)
+                gov.record_admission(
+                    view,
+                    seq_id,
+                    block_ids,
+                    adm,
+                    num_tokens=plan.num_tokens,
+                    cacheable=plan.cacheable,
+                    ttl=plan.ttl,
+                    requested_priority=priority,
+                    cached_tokens=cached_tokens,
+                )
             except BaseException:
                 self._give_back(block_ids, len(hit_ids))
                 raise

@@ -10,12 +10,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from kvgov.allocator import KVSpec
-from kvgov.allocator.sizing import capacity
-from kvgov.allocator.spec import parse_dtype
 from kvgov.audit.cli import audit_group, db_group
+from kvgov.audit.cli_common import emit_records, format_options, print_table
 from kvgov.audit.cli_errors import ErrorsToExitCodes
 from kvgov.exceptions import InvalidArgument
 from kvgov.policy.cli import policy_group
@@ -67,7 +64,7 @@ main.add_command(db_group)
     help="Mean tokens per sequence (prompt + output).",
 )
 @click.option("--block-size", type=int, default=16, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@format_options
 def capacity_command(
     config_path: str | None,
     layers: int | None,
@@ -77,12 +74,16 @@ def capacity_command(
     memory: str,
     mean_context: int,
     block_size: int,
-    as_json: bool,
+    fmt: str,
 ) -> None:
     """How many blocks, tokens and concurrent sequences fit in a KV memory budget.
 
     Also shows how the figures change with fp8 KV and with other block sizes.
     """
+    from kvgov.allocator import KVSpec  # torch: only the commands that size KV need it
+    from kvgov.allocator.sizing import capacity
+    from kvgov.allocator.spec import parse_dtype
+
     budget = _parse_bytes(memory)
     if config_path is not None:
         if any(v is not None for v in (layers, kv_heads, head_dim)):
@@ -122,37 +123,27 @@ def capacity_command(
                 "concurrent_sequences": cap.sequences,
             }
         )
-    if as_json:
+    if fmt == "json":
         click.echo(
             json.dumps(
                 {"memory_bytes": budget, "mean_context": mean_context, "rows": rows}, indent=2
             )
         )
         return
-    table = Table(title=f"KV capacity in {memory} at a mean context of {mean_context} tokens")
-    for col in (
-        "variant",
-        "dtype",
-        "block",
-        "bytes/token",
-        "bytes/block",
-        "blocks",
-        "tokens",
-        "sequences",
-    ):
-        table.add_column(col, justify="left" if col in ("variant", "dtype") else "right")
-    for r in rows:
-        table.add_row(
-            str(r["variant"]),
-            str(r["dtype"]),
-            str(r["block_size"]),
-            f"{r['bytes_per_token']:,}",
-            f"{r['bytes_per_block']:,}",
-            f"{r['blocks']:,}",
-            f"{r['tokens']:,}",
-            f"{r['concurrent_sequences']:,}",
-        )
-    Console().print(table)
+    columns = ("variant", "dtype", "block", "bytes/token", "bytes/block", "blocks", "tokens",
+               "sequences")  # fmt: skip
+    keys = ("variant", "dtype", "block_size", "bytes_per_token", "bytes_per_block", "blocks",
+            "tokens", "concurrent_sequences")  # fmt: skip
+    emit_records(
+        fmt,
+        rows,
+        f"KV capacity in {memory} at a mean context of {mean_context} tokens",
+        columns,
+        lambda i: [f"{v:,}" if isinstance(v, int) else str(v) for v in (rows[i][k] for k in keys)],
+        csv_fields=keys,
+        csv_row=lambda i: [rows[i][k] for k in keys],
+        right=columns[2:],
+    )
 
 
 @main.command("replay")
@@ -233,31 +224,25 @@ def replay_command(
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    table = Table(
-        title=f"Replay of {trace}: {report['requests']} requests, "
-        f"{tenants} tenant(s), {blocks} blocks of {block_size}"
+    print_table(
+        f"Replay of {trace}: {report['requests']} requests, "
+        f"{tenants} tenant(s), {blocks} blocks of {block_size}",
+        ("cache", "hit rate", "prefill tokens avoided", "requests/s", "blocks/s", "µs/block"),
+        [
+            (
+                name,
+                f"{report[name]['hit_rate']:.2%}",
+                f"{report[name]['hit_tokens']:,}",
+                f"{report[name]['requests_per_second']:,.0f}",
+                f"{report[name]['blocks_per_second']:,.0f}",
+                f"{report[name]['microseconds_per_block']:.2f}",
+            )
+            for name in ("governed", "ungoverned")
+        ],
+        right=("hit rate", "prefill tokens avoided", "requests/s", "blocks/s", "µs/block"),
     )
-    for col in (
-        "cache",
-        "hit rate",
-        "prefill tokens avoided",
-        "requests/s",
-        "blocks/s",
-        "µs/block",
-    ):
-        table.add_column(col, justify="left" if col == "cache" else "right")
-    for name in ("governed", "ungoverned"):
-        r = report[name]
-        table.add_row(
-            name,
-            f"{r['hit_rate']:.4f}",
-            f"{r['hit_tokens']:,}",
-            f"{r['requests_per_second']:,.0f}",
-            f"{r['blocks_per_second']:,.0f}",
-            f"{r['microseconds_per_block']:.2f}",
-        )
-    Console().print(table)
-    click.echo(f"isolation cost (hit-rate points): {report['isolation_cost']:.4f}")
+    cost = 100 * report["isolation_cost"]
+    click.echo(f"isolation cost: {cost:.2f} percentage points of hit rate")
     offload = report["offload"]
     if offload is not None:
         for name, t in offload["tiers"].items():
@@ -282,9 +267,35 @@ def replay_command(
     default=None,
     help="Serve Prometheus metrics on this port while the demo runs.",
 )
-def demo_command(quick: bool, out_dir: str, device: str | None, metrics_port: int | None) -> None:
+@click.option(
+    "--audit-url",
+    metavar="URL",
+    default=None,
+    help="Write the audit trail to this database (e.g. a PostgreSQL after `kvgov db upgrade`), "
+    "as a new stream; default: a fresh OUT/audit.db.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def demo_command(
+    quick: bool,
+    out_dir: str,
+    device: str | None,
+    metrics_port: int | None,
+    audit_url: str | None,
+    as_json: bool,
+) -> None:
     """A multi-tenant simulation on the embedded defaults, with its report and audit trail."""
+    from kvgov.allocator import resolve_device
+
     from .demo import run_demo
 
-    code = run_demo(out_dir=Path(out_dir), quick=quick, device=device, metrics_port=metrics_port)
+    if device is not None:
+        resolve_device(device)  # e.g. cuda without CUDA: one error line, nothing created
+    code = run_demo(
+        out_dir=Path(out_dir),
+        quick=quick,
+        device=device,
+        metrics_port=metrics_port,
+        audit_url=audit_url,
+        as_json=as_json,
+    )
     sys.exit(code)

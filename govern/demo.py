@@ -25,7 +25,14 @@ restore them as hits, and the clinic's erasure crypto-shreds its key.
 
 At the end: a table per tenant, the offload tier's figures, the audit trail's
 verification, the compliance queries a reviewer would run next, a PNG chart
-and the report as JSON.
+and the report as JSON (``report.json``; ``--json`` prints it instead of the
+tables). Hit rates are printed as percentages; in the JSON report ``hit_rate``
+is the fraction (0 to 1) and ``hit_rate_percent`` the same as a percentage.
+
+The audit trail goes to ``audit.db`` in the output directory (a fresh file each
+run, stream ``demo-worker``), or with ``--audit-url`` to that database, e.g. a
+PostgreSQL upgraded with ``kvgov db upgrade`` first, as a new stream
+``demo-<random>`` each run.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +50,11 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from kvgov.allocator import KVSpec
 from kvgov.audit import AuditQueries, verify
+from kvgov.audit.cli_common import print_table
+from kvgov.audit.store import mask_url
 from kvgov.offload import HostMemoryTier, LocalKEK
 
 from .cache import GovernedKVCache
@@ -124,6 +134,7 @@ def simulate(
     *,
     on_step: Callable[[int], None] | None = None,
     metrics_port: int | None = None,
+    audit_url: str | None = None,
 ) -> dict[str, Any]:
     """Run the simulation and return the report (also written to ``out_dir``).
 
@@ -133,15 +144,25 @@ def simulate(
         device: torch device of the pool.
         on_step: called after each request with the step number.
         metrics_port: serve Prometheus metrics on this port while it runs.
+        audit_url: the audit database; None: a fresh ``out_dir/audit.db``. Another
+            database must be at the schema's head revision (``kvgov db upgrade``);
+            the run writes a new stream there.
 
     Returns:
         The report (per-tenant counters, erasure, invalidation, verification).
+
+    Raises:
+        AuditSchemaError: ``audit_url`` is not at the head revision.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    db = out_dir / "audit.db"
-    for stale in out_dir.glob("audit.db*"):
-        stale.unlink()
-    audit_url = f"sqlite:///{db}"
+    if audit_url is None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        db = out_dir / "audit.db"
+        for stale in out_dir.glob("audit.db*"):
+            stale.unlink()
+        audit_url = f"sqlite:///{db}"
+        worker_id = "demo-worker"
+    else:
+        worker_id = f"demo-{uuid.uuid4().hex[:12]}"
     rng = random.Random(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
     clock = _Clock()
@@ -160,10 +181,11 @@ def simulate(
         audit_url=audit_url,
         ephemeral_secret=True,
         clock=clock,
-        worker_id="demo-worker",
+        worker_id=worker_id,
         verify_zeroization=True,
         offload=offload,
     )
+    out_dir.mkdir(parents=True, exist_ok=True)  # another database: once it was accepted
     server = None
     if metrics_port is not None:
         from .metrics import serve_metrics
@@ -280,13 +302,15 @@ def simulate(
             "device": device,
             "simulated_minutes": config.steps * config.seconds_per_step / 60,
         },
-        "audit_url": audit_url,
+        "audit_url": mask_url(audit_url),
+        "audit_stream": worker_id,
         "tenants": {
             name: {
                 "requests": t.requests,
                 "queried_tokens": t.queried_tokens,
                 "hit_tokens": t.hit_tokens,
                 "hit_rate": t.hit_rate,
+                "hit_rate_percent": _percent(t.hit_rate),
                 "prefill_tokens_avoided": t.prefill_tokens_avoided,
                 "cross_tenant_reuses": t.cross_tenant_reuses,
                 "cross_tenant_denied": t.cross_tenant_denied,
@@ -300,6 +324,7 @@ def simulate(
         "total": {
             "requests": final.total.requests,
             "hit_rate": final.total.hit_rate,
+            "hit_rate_percent": _percent(final.total.hit_rate),
             "prefill_tokens_avoided": final.total.prefill_tokens_avoided,
             "blocks_zeroized": final.total.blocks_zeroized,
             "bytes_zeroized": final.total.bytes_zeroized,
@@ -322,6 +347,11 @@ def simulate(
     (out_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     _chart(timeline, out_dir / "blocks.png", report)
     return report
+
+
+def _percent(fraction: float) -> float:
+    """A fraction as a percentage, to two decimals (0.12345 -> 12.35)."""
+    return round(100.0 * fraction, 2)
 
 
 def _offload_report(cache: GovernedKVCache, config: DemoConfig) -> dict[str, Any] | None:
@@ -374,21 +404,21 @@ def _chart(timeline: list[dict[str, float]], path: Path, report: dict[str, Any])
     top.set_ylabel("blocks")
     top.set_title("kvgov demo: block states and cumulative hit rate over simulated time")
     top.legend(loc="upper right", fontsize=8)
-    bottom.plot(minutes, [p["hit_rate"] for p in timeline], color="#8172b2")
-    bottom.set_ylabel("hit rate (prompt tokens)")
+    bottom.plot(minutes, [100.0 * p["hit_rate"] for p in timeline], color="#8172b2")
+    bottom.set_ylabel("hit rate, % of prompt tokens")
     bottom.set_xlabel("simulated minutes")
-    bottom.set_ylim(0, 1)
+    bottom.set_ylim(0, 100)
     minutes_per_step = report["config"]["simulated_minutes"] / report["config"]["steps"]
     for label, key in (("share grant revoked", "share_grant_revoked_at_step"),):
         if report.get(key) is not None:
             bottom.axvline(report[key] * minutes_per_step, ls=":", color="grey")
-            bottom.text(report[key] * minutes_per_step, 0.9, label, fontsize=8)
+            bottom.text(report[key] * minutes_per_step, 90, label, fontsize=8)
     for label, key in (("clinic erased", "erasure"), ("model r1 -> r2", "invalidation")):
         if report.get(key):
             x = report[key]["step"] * minutes_per_step
             for ax in (top, bottom):
                 ax.axvline(x, ls="--", color="black", lw=0.8)
-            bottom.text(x, 0.8, label, fontsize=8)
+            bottom.text(x, 80, label, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -425,6 +455,8 @@ def run_demo(
     quick: bool = False,
     device: str | None = None,
     metrics_port: int | None = None,
+    audit_url: str | None = None,
+    as_json: bool = False,
 ) -> int:
     """Run the demo with a progress bar and print the report; the CLI's ``kvgov demo``.
 
@@ -433,16 +465,20 @@ def run_demo(
         quick: the short configuration.
         device: torch device; default CUDA where present, else CPU.
         metrics_port: serve Prometheus metrics on this port while it runs.
+        audit_url: the audit database (see :func:`simulate`); None: ``out_dir/audit.db``.
+        as_json: print the report as JSON on stdout (nothing else goes there).
 
     Returns:
         The process exit status: 0, or 1 if the audit trail did not verify.
     """
     config = QUICK if quick else DemoConfig()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    console = Console()
+    # with --json, stdout holds the JSON alone: the header and progress go to stderr
+    console = Console(stderr=as_json, soft_wrap=True)  # a suggested command stays one line
+    where = "SQLite audit" if audit_url is None else f"audit in {mask_url(audit_url)}"
     console.print(
         f"[bold]kvgov demo[/bold]: 3 tenants, {config.steps} requests, {config.num_blocks} "
-        f"blocks on {device}, SQLite audit and the embedded Rego engine -> {out_dir}/"
+        f"blocks on {device}, {where} and the embedded Rego engine -> {out_dir}/"
     )
     with Progress(
         TextColumn("{task.description}"),
@@ -459,14 +495,19 @@ def run_demo(
             device,
             on_step=lambda n: bar.update(task, completed=n),
             metrics_port=metrics_port,
+            audit_url=audit_url,
         )
-    _print_report(console, report, out_dir)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.flush()
+    else:
+        _print_report(console, report, out_dir, audit_url or report["audit_url"])
     return 0 if report["verification"]["ok"] else 1
 
 
-def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> None:
-    table = Table(title="Per tenant")
-    for col in (
+def _print_report(console: Console, report: dict[str, Any], out_dir: Path, url: str) -> None:
+    """The tables and lines of the report; ``url`` opens the audit database."""
+    columns = (
         "tenant",
         "requests",
         "hit rate",
@@ -476,12 +517,9 @@ def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> No
         "evictions by reason",
         "blocks zeroized",
         "MiB zeroized",
-    ):
-        table.add_column(
-            col, justify="left" if col in ("tenant", "evictions by reason") else "right"
-        )
-    for name, t in report["tenants"].items():
-        table.add_row(
+    )
+    rows = [
+        (
             name,
             str(t["requests"]),
             f"{t['hit_rate']:.1%}",
@@ -492,7 +530,15 @@ def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> No
             f"{t['blocks_zeroized']:,}",
             f"{t['bytes_zeroized'] / 2**20:,.1f}",
         )
-    console.print(table)
+        for name, t in report["tenants"].items()
+    ]
+    print_table(
+        "Per tenant",
+        columns,
+        rows,
+        right=[c for c in columns if c not in ("tenant", "evictions by reason")],
+        console=console,
+    )
     e, inv = report["erasure"], report["invalidation"]
     if e:
         console.print(
@@ -523,14 +569,17 @@ def _print_report(console: Console, report: dict[str, Any], out_dir: Path) -> No
     )
     for problem in v["problems"]:
         console.print(f"  [red]{problem}[/red]")
-    url = report["audit_url"]
+    shown = report["audit_url"]  # the password masked
+    console.print(
+        f"overall hit rate: {report['total']['hit_rate']:.1%} of prompt tokens served from cache"
+    )
     console.print("\nA reviewer would run next:")
     for cmd in (
-        f"kvgov audit verify --url {url}",
-        f"kvgov audit reuse --tenant bank --url {url}",
-        f"kvgov audit erasure --tenant clinic --url {url}",
-        f"kvgov audit denials --url {url}",
-        f"kvgov audit export --format csv --url {url} --output {out_dir}/audit.csv",
+        f"kvgov audit verify --url {shown}",
+        f"kvgov audit reuse --tenant bank --url {shown}",
+        f"kvgov audit erasure --tenant clinic --url {shown}",
+        f"kvgov audit denials --url {shown}",
+        f"kvgov audit export --format csv --url {shown} --output {out_dir}/audit.csv",
     ):
         console.print(f"  {cmd}")
     with AuditQueries(url) as queries:

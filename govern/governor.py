@@ -55,6 +55,7 @@ from kvgov.exceptions import (
 )
 from kvgov.policy import AdmissionDecision, PolicyClient
 from kvgov.policy.client import CLASSIFICATIONS_PATH
+from kvgov.policy.latency import LatencyHistogram
 
 from .assemble import close_parts
 from .hits import HitFinder
@@ -74,6 +75,9 @@ if TYPE_CHECKING:
 __all__ = ["Governor", "LiveSequence"]
 
 _log = get_logger()
+
+#: The outcomes an admission's latency is counted under.
+ADMISSION_OUTCOMES = ("admitted", "denied", "error")
 
 
 class Governor(HitFinder):
@@ -127,6 +131,8 @@ class Governor(HitFinder):
         self.closed = False
         #: The encrypted offload tiers, once a binding attaches them; None: no offload work.
         self.offload: Offloading | None = None
+        #: How long admissions took, by outcome (kvgov_admission_duration_seconds).
+        self.admission_latency = {o: LatencyHistogram() for o in ADMISSION_OUTCOMES}
 
     # ------------------------------------------------------------------ admission steps
 
@@ -279,15 +285,18 @@ class Governor(HitFinder):
         view: ScopeView,
         seq_id: str,
         block_ids: Sequence[int],
-        plan: KeyPlan,
         adm: AdmissionDecision,
+        *,
+        num_tokens: int,
+        cacheable: bool,
+        ttl: float | None,
         requested_priority: int | None,
         cached_tokens: int,
     ) -> None:
-        """Count the admission and write its audit event."""
+        """Count the admission and write its audit event (every pool binding calls this)."""
         counters = self.counters[view.scope.tenant]
         counters.requests += 1
-        counters.queried_tokens += plan.num_tokens
+        counters.queried_tokens += num_tokens
         counters.hit_tokens += cached_tokens
         decision = adm.decision
         self.audit.record(
@@ -296,16 +305,16 @@ class Governor(HitFinder):
                 **view.fields,
                 sequence_id=seq_id,
                 block_ids=tuple(block_ids),
-                token_count=plan.num_tokens,
+                token_count=num_tokens,
                 reused_tokens=cached_tokens,
                 decision_id=decision.decision_id,
                 policy_revision=decision.bundle_revision,
                 details={
-                    "cache": plan.cacheable,
+                    "cache": cacheable,
                     "priority": adm.priority,
                     "reason": adm.reason,
                     "requested_priority": requested_priority,
-                    "ttl_seconds": plan.ttl,
+                    "ttl_seconds": ttl,
                 },
             )
         )
@@ -404,6 +413,7 @@ class Governor(HitFinder):
                 live_sequences=live_sequences,
                 orphans_recovered=orphans_recovered,
                 offload=self.offload,
+                admission_latency=self.admission_latency,
             )
 
     def close(self) -> None:

@@ -10,19 +10,193 @@ Embed it in a serving stack's own registry::
 The collector reads one ``stats()`` snapshot per scrape, so the numbers of one
 scrape are consistent with each other. ``kvgov demo --metrics-port N`` serves
 them on ``http://127.0.0.1:N/metrics`` while it runs.
+
+Names follow Prometheus' conventions: ``kvgov_`` first, the unit last
+(``_seconds``, ``_bytes``, ``_ratio``, or what is counted: ``_blocks``,
+``_tokens``), and ``_total`` on every counter. :data:`CACHE_METRICS` lists each
+family once (name, type, labels, meaning); docs/operations.md lists the same,
+and tests/govern/test_metrics.py holds the two and a scrape to each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from kvgov.audit.metrics import AuditCollector
+from kvgov.policy.latency import LatencySnapshot
 
 from .stats import CacheStats, OffloadSnapshot
 
-__all__ = ["CacheCollector", "serve_metrics"]
+__all__ = ["CACHE_METRICS", "CacheCollector", "MetricInfo", "serve_metrics"]
+
+
+class MetricInfo(NamedTuple):
+    """One metric family as exposed (a counter's samples carry ``_total``)."""
+
+    name: str
+    type: str  # "counter", "gauge" or "histogram"
+    labels: tuple[str, ...]
+    help: str
+
+
+def _m(name: str, kind: str, labels: str, doc: str) -> MetricInfo:
+    return MetricInfo(name, kind, tuple(labels.split()), doc)
+
+
+# Per tenant: family name -> (the TenantStats field, help).
+_TENANT_COUNTERS = {
+    "kvgov_requests_total": ("requests", "sequences admitted"),
+    "kvgov_queried_tokens_total": ("queried_tokens", "prompt tokens of admitted sequences"),
+    "kvgov_hit_tokens_total": ("hit_tokens", "prompt tokens served from cache"),
+    "kvgov_avoided_prefill_tokens_total": (
+        "prefill_tokens_avoided",
+        "prefill tokens the caller could skip",
+    ),
+    "kvgov_cross_tenant_reuses_total": (
+        "cross_tenant_reuses",
+        "reuses of another tenant's blocks granted by a share group",
+    ),
+    "kvgov_cross_tenant_denials_total": (
+        "cross_tenant_denied",
+        "reuses of another tenant's blocks the sharing policy refused",
+    ),
+    "kvgov_zeroized_blocks_total": ("blocks_zeroized", "blocks zeroized"),
+    "kvgov_zeroized_bytes_total": ("bytes_zeroized", "bytes zeroized"),
+}
+_TENANT_OFFLOAD_COUNTERS = {
+    "kvgov_offloaded_blocks_total": (
+        "blocks_offloaded",
+        "evicted blocks sealed into an offload tier",
+    ),
+    "kvgov_restored_blocks_total": (
+        "blocks_restored",
+        "blocks restored from an offload tier (hits)",
+    ),
+    "kvgov_offload_refusals_total": (
+        "offload_refusals",
+        "offloaded objects refused on restore (tamper, move, replay)",
+    ),
+}
+# Per tenant and reason.
+_TENANT_REASONS = {
+    "kvgov_admission_denials_total": ("denials", "admissions refused, by reason"),
+    "kvgov_evicted_blocks_total": ("evictions", "blocks evicted, by reason"),
+}
+# Offload tier gauges (a shared tier's fill counts every worker) and counters (this worker).
+_TIER_GAUGES = {
+    "kvgov_offload_capacity_bytes": ("capacity_bytes", "bytes the tier may hold"),
+    "kvgov_offload_stored_bytes": ("stored_bytes", "bytes the tier holds now"),
+    "kvgov_offload_stored_objects": ("stored_blocks", "objects the tier holds now"),
+    "kvgov_offload_available": (
+        "available",
+        "1 while the tier is used, 0 while it is skipped after a failure",
+    ),
+}
+_TIER_COUNTERS = {
+    "kvgov_offload_puts_total": ("puts", "objects sealed into the tier"),
+    "kvgov_offload_put_bytes_total": ("put_bytes", "bytes sealed into the tier"),
+    "kvgov_offload_hits_total": ("hits", "restores the tier served"),
+    "kvgov_offload_misses_total": ("misses", "lookups the tier could not serve"),
+    "kvgov_offload_evictions_total": (
+        "evictions",
+        "objects the tier evicted (LRU) for this worker's puts",
+    ),
+    "kvgov_offload_expired_total": ("expired", "objects deleted past their retention deadline"),
+    "kvgov_offload_deleted_total": (
+        "deleted",
+        "objects deleted by purge, invalidation or rotation",
+    ),
+    "kvgov_offload_unavailable_total": (
+        "unavailable",
+        "operations the tier could not serve while down",
+    ),
+    "kvgov_offload_decrypt_failures_total": (
+        "decrypt_failures",
+        "objects that failed AES-GCM authentication",
+    ),
+}
+
+#: Every family the collector exports; the ``kvgov_offload*``, ``*_offloaded_*`` and
+#: ``*_restored_*`` ones only for a cache with offload tiers.
+CACHE_METRICS: tuple[MetricInfo, ...] = (
+    *(_m(n, "counter", "tenant", d) for n, (_f, d) in _TENANT_COUNTERS.items()),
+    *(_m(n, "counter", "tenant reason", d) for n, (_f, d) in _TENANT_REASONS.items()),
+    _m("kvgov_tenant_blocks", "gauge", "tenant state", "a tenant's blocks by state"),
+    _m("kvgov_pool_blocks", "gauge", "state", "pool blocks by state"),
+    _m(
+        "kvgov_pool_usage_ratio",
+        "gauge",
+        "",
+        "share of the pool's blocks not free (owned, cached or dirty), 0 to 1",
+    ),
+    _m("kvgov_live_sequences", "gauge", "", "live sequences"),
+    _m("kvgov_recovered_orphans_total", "counter", "", "orphans released by reconcile"),
+    _m("kvgov_decision_cache_hits_total", "counter", "", "policy decisions from cache"),
+    _m("kvgov_decision_cache_misses_total", "counter", "", "policy decisions evaluated"),
+    _m(
+        "kvgov_admission_duration_seconds",
+        "histogram",
+        "outcome",
+        "time admit() took, by outcome (admitted, denied, error)",
+    ),
+    _m(
+        "kvgov_policy_evaluation_duration_seconds",
+        "histogram",
+        "rule",
+        "time the policy engine took per rule path (decisions the cache did not serve)",
+    ),
+    *(_m(n, "counter", "tenant", d) for n, (_f, d) in _TENANT_OFFLOAD_COUNTERS.items()),
+    *(_m(n, "gauge", "tier", d) for n, (_f, d) in _TIER_GAUGES.items()),
+    *(_m(n, "counter", "tier", d) for n, (_f, d) in _TIER_COUNTERS.items()),
+    _m(
+        "kvgov_offload_refusals_by_reason_total",
+        "counter",
+        "tier reason",
+        "objects refused on restore, by reason",
+    ),
+    _m(
+        "kvgov_offload_policy_denials_total",
+        "counter",
+        "tier",
+        "evicted blocks the offload policy kept from the tier",
+    ),
+    _m(
+        "kvgov_offload_not_offloaded_blocks_total",
+        "counter",
+        "reason",
+        "evicted blocks kept from every tier by the governor, by reason",
+    ),
+    _m(
+        "kvgov_offload_restore_errors_total",
+        "counter",
+        "",
+        "restores abandoned: an authentic object could not be used",
+    ),
+)
+_HELP = {m.name: m.help for m in CACHE_METRICS}
+
+
+def _counter(name: str, labels: list[str] | None = None, value: float | None = None) -> Any:
+    # prometheus_client appends _total to a counter's samples itself
+    return CounterMetricFamily(name.removesuffix("_total"), _HELP[name], labels=labels, value=value)
+
+
+def _histogram(name: str, label: str, series: Mapping[str, LatencySnapshot]) -> Metric:
+    family = HistogramMetricFamily(name, _HELP[name], labels=[label])
+    for value, snap in series.items():
+        buckets = [(repr(b), float(c)) for b, c in zip(snap.bounds, snap.cumulative, strict=False)]
+        buckets.append(("+Inf", float(snap.count)))
+        family.add_metric([value], buckets, sum_value=snap.sum)
+    return family
 
 
 class _HasStats(Protocol):
@@ -32,24 +206,7 @@ class _HasStats(Protocol):
 class CacheCollector:
     """A Prometheus collector over a governed cache's ``stats()``.
 
-    Metric names (all prefixed ``kvgov_``; per-tenant ones carry a ``tenant`` label):
-    ``requests_total``, ``queried_tokens_total``, ``hit_tokens_total``,
-    ``prefill_tokens_avoided_total``, ``cross_tenant_reuses_total``,
-    ``cross_tenant_denied_total``, ``denials_total{reason}``,
-    ``evictions_total{reason}``, ``blocks_zeroized_total``,
-    ``bytes_zeroized_total``, ``blocks{state}`` (per tenant: owned, cached),
-    ``pool_blocks{state}`` (free, owned, cached, dirty), ``live_sequences``,
-    ``orphans_recovered_total``, ``decision_cache_hits_total``,
-    ``decision_cache_misses_total``, and with offload tiers
-    ``blocks_offloaded_total``, ``blocks_restored_total``,
-    ``offload_refusals_total`` (per tenant) and, per ``tier``:
-    ``offload_capacity_bytes``, ``offload_stored_bytes``, ``offload_stored_blocks``,
-    ``offload_available`` (gauges); ``offload_puts_total``,
-    ``offload_put_bytes_total``, ``offload_hits_total``, ``offload_misses_total``,
-    ``offload_evictions_total``, ``offload_expired_total``, ``offload_deleted_total``,
-    ``offload_unavailable_total``, ``offload_decrypt_failures_total``,
-    ``offload_refusals_by_reason_total{reason}``, ``offload_policy_denied_total``;
-    ``offload_not_offloaded_total{reason}`` and ``offload_restore_errors_total``.
+    Exports the families of :data:`CACHE_METRICS` (docs/operations.md lists them).
 
     Args:
         cache: anything with a ``stats()`` returning :class:`CacheStats`.
@@ -61,131 +218,82 @@ class CacheCollector:
     def collect(self) -> Iterator[Metric]:
         """Yield one family per metric from a single stats snapshot."""
         s = self._cache.stats()
-        scalar = {
-            "requests": "sequences admitted",
-            "queried_tokens": "prompt tokens of admitted sequences",
-            "hit_tokens": "prompt tokens served from cache",
-            "prefill_tokens_avoided": "prefill tokens the caller could skip",
-            "cross_tenant_reuses": "reuses of another tenant's blocks granted by a share group",
-            "cross_tenant_denied": "reuses of another tenant's blocks the sharing policy refused",
-            "blocks_zeroized": "blocks zeroized",
-            "bytes_zeroized": "bytes zeroized",
-        }
+        scalar = dict(_TENANT_COUNTERS)
         if s.offload is not None:
-            scalar |= {
-                "blocks_offloaded": "evicted blocks sealed into an offload tier",
-                "blocks_restored": "blocks restored from an offload tier (hits)",
-                "offload_refusals": "offloaded objects refused on restore (tamper, move, replay)",
-            }
-        for name, doc in scalar.items():
-            family = CounterMetricFamily(f"kvgov_{name}", doc, labels=["tenant"])
+            scalar |= _TENANT_OFFLOAD_COUNTERS
+        for name, (field, _doc) in scalar.items():
+            family = _counter(name, ["tenant"])
             for tenant, t in s.tenants.items():
-                family.add_metric([tenant], float(getattr(t, name)))
+                family.add_metric([tenant], float(getattr(t, field)))
             yield family
-        for name, doc in (
-            ("denials", "admissions refused, by reason"),
-            ("evictions", "blocks evicted, by reason"),
-        ):
-            family = CounterMetricFamily(f"kvgov_{name}", doc, labels=["tenant", "reason"])
+        for name, (field, _doc) in _TENANT_REASONS.items():
+            family = _counter(name, ["tenant", "reason"])
             for tenant, t in s.tenants.items():
-                for reason, count in getattr(t, name).items():
+                for reason, count in getattr(t, field).items():
                     family.add_metric([tenant, reason], float(count))
             yield family
         blocks = GaugeMetricFamily(
-            "kvgov_blocks", "a tenant's blocks by state", labels=["tenant", "state"]
+            "kvgov_tenant_blocks", _HELP["kvgov_tenant_blocks"], labels=["tenant", "state"]
         )
         for tenant, t in s.tenants.items():
             for state, count in t.blocks_by_state.items():
                 blocks.add_metric([tenant, state], float(count))
         yield blocks
-        pool = GaugeMetricFamily("kvgov_pool_blocks", "pool blocks by state", labels=["state"])
-        for state, count in s.total.blocks_by_state.items():
+        states = s.total.blocks_by_state
+        pool = GaugeMetricFamily("kvgov_pool_blocks", _HELP["kvgov_pool_blocks"], labels=["state"])
+        for state, count in states.items():
             pool.add_metric([state], float(count))
         yield pool
-        yield GaugeMetricFamily("kvgov_live_sequences", "live sequences", value=s.live_sequences)
-        yield CounterMetricFamily(
-            "kvgov_orphans_recovered", "orphans released by reconcile", value=s.orphans_recovered
+        used = s.num_blocks - states.get("free", 0)
+        yield GaugeMetricFamily(
+            "kvgov_pool_usage_ratio",
+            _HELP["kvgov_pool_usage_ratio"],
+            value=used / s.num_blocks if s.num_blocks else 0.0,
         )
-        yield CounterMetricFamily(
-            "kvgov_decision_cache_hits", "policy decisions from cache", value=s.decision_cache_hits
+        yield GaugeMetricFamily(
+            "kvgov_live_sequences", _HELP["kvgov_live_sequences"], value=s.live_sequences
         )
-        yield CounterMetricFamily(
-            "kvgov_decision_cache_misses",
-            "policy decisions evaluated",
-            value=s.decision_cache_misses,
-        )
+        yield _counter("kvgov_recovered_orphans_total", value=s.orphans_recovered)
+        yield _counter("kvgov_decision_cache_hits_total", value=s.decision_cache_hits)
+        yield _counter("kvgov_decision_cache_misses_total", value=s.decision_cache_misses)
+        yield _histogram("kvgov_admission_duration_seconds", "outcome", s.admission_latency)
+        yield _histogram("kvgov_policy_evaluation_duration_seconds", "rule", s.policy_latency)
         if s.offload is not None:
             yield from _offload_families(s.offload)
 
 
-#: Offload tier gauges (a shared tier's fill counts every worker) and counters (this worker).
-_TIER_GAUGES = {
-    "capacity_bytes": "bytes the tier may hold",
-    "stored_bytes": "bytes the tier holds now",
-    "stored_blocks": "objects the tier holds now",
-    "available": "1 while the tier is used, 0 while it is skipped after a failure",
-}
-_TIER_COUNTERS = {
-    "puts": "objects sealed into the tier",
-    "put_bytes": "bytes sealed into the tier",
-    "hits": "restores the tier served",
-    "misses": "lookups the tier could not serve",
-    "evictions": "objects the tier evicted (LRU) for this worker's puts",
-    "expired": "objects deleted past their retention deadline",
-    "deleted": "objects deleted by purge, invalidation or rotation",
-    "unavailable": "operations the tier could not serve while down",
-    "decrypt_failures": "objects that failed AES-GCM authentication",
-}
-
-
 def _offload_families(snap: OffloadSnapshot) -> Iterator[Metric]:
     """The per-tier offload metrics of one stats snapshot."""
-    for name, doc in _TIER_GAUGES.items():
-        gauge = GaugeMetricFamily(f"kvgov_offload_{name}", doc, labels=["tier"])
+    for name, (field, doc) in _TIER_GAUGES.items():
+        gauge = GaugeMetricFamily(name, doc, labels=["tier"])
         for tier, t in snap.tiers.items():
-            value = getattr(t, name)
+            value = getattr(t, field)
             if value is not None:  # None: the tier could not be asked
                 gauge.add_metric([tier], float(value))
         yield gauge
-    for name, doc in _TIER_COUNTERS.items():
-        counter = CounterMetricFamily(f"kvgov_offload_{name}", doc, labels=["tier"])
+    for name, (field, _doc) in _TIER_COUNTERS.items():
+        counter = _counter(name, ["tier"])
         for tier, t in snap.tiers.items():
-            counter.add_metric([tier], float(getattr(t, name)))
+            counter.add_metric([tier], float(getattr(t, field)))
         yield counter
-    refusals = CounterMetricFamily(
-        "kvgov_offload_refusals_by_reason",
-        "objects refused on restore, by reason",
-        labels=["tier", "reason"],
-    )
+    refusals = _counter("kvgov_offload_refusals_by_reason_total", ["tier", "reason"])
     for tier, t in snap.tiers.items():
         for reason, count in t.refusals.items():
             refusals.add_metric([tier, reason], float(count))
     yield refusals
-    denied = CounterMetricFamily(
-        "kvgov_offload_policy_denied",
-        "evicted blocks the offload policy kept from the tier",
-        labels=["tier"],
-    )
+    denied = _counter("kvgov_offload_policy_denials_total", ["tier"])
     for tier, count in snap.policy_denied.items():
         denied.add_metric([tier], float(count))
     yield denied
-    kept = CounterMetricFamily(
-        "kvgov_offload_not_offloaded",
-        "evicted blocks kept from every tier by the governor, by reason",
-        labels=["reason"],
-    )
+    kept = _counter("kvgov_offload_not_offloaded_blocks_total", ["reason"])
     for reason, count in snap.not_offloaded.items():
         kept.add_metric([reason], float(count))
     yield kept
-    yield CounterMetricFamily(
-        "kvgov_offload_restore_errors",
-        "restores abandoned: an authentic object could not be used",
-        value=snap.restore_errors,
-    )
+    yield _counter("kvgov_offload_restore_errors_total", value=snap.restore_errors)
 
 
 def serve_metrics(cache: _HasStats, port: int, addr: str = "127.0.0.1") -> Any:
-    """Serve the cache's metrics over HTTP on a daemon thread.
+    """Serve the cache's metrics, and its audit log's, over HTTP on a daemon thread.
 
     Args:
         cache: the governed cache.
@@ -197,5 +305,8 @@ def serve_metrics(cache: _HasStats, port: int, addr: str = "127.0.0.1") -> Any:
     """
     registry = CollectorRegistry()
     registry.register(CacheCollector(cache))
+    audit = getattr(cache, "audit", None)
+    if audit is not None:  # a GovernedKVCache: its AuditLog too
+        registry.register(AuditCollector(audit))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from kvgov.audit.export import decision_log
 from kvgov.audit.queries import AuditQueries
 from kvgov.defaults import AUDIT_URL_ENV
 from kvgov.exceptions import KVGovError, PolicyError
 from kvgov.policy.cli import (
+    _console,
     _finish,
     _open_engine,
     _policy_data,
@@ -152,5 +152,5 @@ def replay_command(
         click.echo(json.dumps({"candidate_revision": revision, **report.to_dict()}, indent=2))
     else:
         source = str(log_file) if log_file is not None else "the audit trail"
-        _print_review(Console(highlight=False), report, f"{source} replayed on {revision}")
+        _print_review(_console(), report, f"{source} replayed on {revision}")
     _finish(report, fail_on_change)

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kvgov.allocator import BlockState
+from kvgov.policy.latency import LatencyHistogram, LatencySnapshot
 
 if TYPE_CHECKING:
     from kvgov.offload import TierStats
@@ -86,6 +87,10 @@ class CacheStats:
         decision_cache_misses: policy decisions that went to the engine.
         policy_revision: the active policy bundle revision.
         offload: the offload tiers' counters; None when the cache has none.
+        admission_latency: how long ``admit`` took, by outcome (``admitted``,
+            ``denied``: the policy refused, ``error``: any other exception).
+        policy_latency: how long the policy engine took per rule path, for the
+            decisions the decision cache did not serve.
     """
 
     total: TenantStats
@@ -98,6 +103,8 @@ class CacheStats:
     decision_cache_misses: int
     policy_revision: str
     offload: OffloadSnapshot | None = None
+    admission_latency: Mapping[str, LatencySnapshot] = field(default_factory=dict)
+    policy_latency: Mapping[str, LatencySnapshot] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,7 @@ def snapshot(
     live_sequences: int,
     orphans_recovered: int,
     offload: Offloading | None = None,
+    admission_latency: Mapping[str, LatencyHistogram] | None = None,
 ) -> CacheStats:
     """Freeze a governor's counters, with its blocks by state per tenant and in total.
 
@@ -212,6 +220,7 @@ def snapshot(
         live_sequences: the binding's running sequences.
         orphans_recovered: sequences the binding released as orphans.
         offload: the governor's offload tiers, if any.
+        admission_latency: the admission histograms by outcome, if any.
     """
     per_tenant: defaultdict[str, dict[str, int]] = defaultdict(lambda: {"owned": 0, "cached": 0})
     totals = {"free": 0, "owned": 0, "cached": 0, "dirty": 0}
@@ -250,4 +259,6 @@ def snapshot(
         decision_cache_misses=cache_stats.misses,
         policy_revision=policy.bundle_revision,
         offload=None if offload is None else offload.snapshot(),
+        admission_latency={k: h.snapshot() for k, h in (admission_latency or {}).items()},
+        policy_latency=policy.evaluation_latency(),
     )

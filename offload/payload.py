@@ -45,7 +45,8 @@ class Sink:
 
     #: Exactly the bytes to fill.
     view: memoryview
-    #: Called after a successful decryption (copies a staging buffer to the device).
+    #: Called after a successful decryption (copies a staging buffer to the device,
+    #: then zeroes the staging buffer).
     finish: Callable[[], None]
 
 
@@ -53,7 +54,9 @@ def writable(into: object) -> Sink:
     """A writable byte view of a caller's output buffer: a writable bytes-like object or a tensor.
 
     A contiguous CPU tensor is written in place; a GPU tensor gets a host staging
-    buffer (pinned) that :attr:`Sink.finish` copies to the device.
+    buffer (pinned where CUDA is) that :attr:`Sink.finish` copies to the device and
+    then overwrites with zeros (a refused decryption zeroes it already), so no
+    plaintext stays behind in memory the allocator hands out again.
 
     Args:
         into: a bytearray, writable memoryview or NumPy array, or a contiguous tensor.
@@ -76,10 +79,16 @@ def writable(into: object) -> Sink:
     flat = tensor.reshape(-1).view(torch.uint8)
     if flat.device.type == "cpu":
         return Sink(memoryview(flat.numpy()).cast("B"), _nothing)
-    staging = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True)
+    # pinned where CUDA is (the DMA-able memory a device copy reads); torch's caching
+    # host allocator hands the same pages back, so this is no cudaHostAlloc per block
+    staging = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
 
     def finish() -> None:
-        flat.copy_(staging)
+        try:
+            flat.copy_(staging)  # synchronous: the copy has read staging when it returns
+        finally:
+            # the plaintext must not outlive the copy in a buffer the allocator reuses
+            staging.zero_()
 
     return Sink(memoryview(staging.numpy()).cast("B"), finish)
 

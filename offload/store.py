@@ -398,8 +398,20 @@ class OffloadStore:
         self._floor.check(tier, block_key, obj.written_us)
         key = self._keys.opening_key(tenant, obj.key_id, tier=tier, block_key=block_key)
         if sink is not None and len(sink.view) != obj.payload_bytes:
-            # authenticate first: a truncated object is a refusal, not the caller's mistake
-            open_sealed(key, obj, tier=tier, block_key=block_key, scope_digest=scope_digest)
+            # authenticate first: a truncated object is a refusal, not the caller's mistake;
+            # into a scratch buffer that is zeroed after, so no plaintext is left behind
+            scratch = memoryview(bytearray(obj.payload_bytes))
+            try:
+                open_sealed(
+                    key,
+                    obj,
+                    tier=tier,
+                    block_key=block_key,
+                    scope_digest=scope_digest,
+                    into=scratch,
+                )
+            finally:
+                scratch[:] = bytes(len(scratch))
             raise InvalidOffloadArgument(
                 "into", f"<{len(sink.view)} bytes>", f"the block holds {obj.payload_bytes} bytes"
             )

@@ -19,6 +19,8 @@ import pytest
 ROOT = Path(__file__).parents[1]
 LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
+#: What building the wheel printed on stderr (pip relays the build backend's warnings).
+_BUILD_STDERR: list[str] = []
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=_IGNORE)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    subprocess.run(
+    proc = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -46,8 +48,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    _BUILD_STDERR.append(proc.stderr)
     (built,) = out.glob("kvgov-*.whl")
     return built
 
@@ -74,6 +78,18 @@ def test_the_wheel_maps_every_layer_into_kvgov(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "kvgov = kvgov.govern.cli:main" in zf.read(entry_points).decode()
+
+
+def test_building_the_wheel_warns_of_nothing(wheel: Path) -> None:
+    """No setuptools warning (license table, package data such as policy/rego/*.rego)."""
+    assert wheel.exists()
+    # pip's own notes about this machine's index configuration are not the project's
+    lines = [
+        line
+        for line in _BUILD_STDERR[0].splitlines()
+        if line.strip() and not line.startswith("WARNING: Location ")
+    ]
+    assert lines == []
 
 
 def test_the_metadata_has_an_spdx_license(wheel: Path) -> None:

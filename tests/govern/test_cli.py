@@ -124,3 +124,19 @@ def test_every_subcommand_has_help() -> None:
     ):
         code, out = _run(*args)
         assert code == 0 and "Usage" in out
+
+
+def test_capacity_in_a_pipe_prints_full_values_and_takes_format() -> None:
+    """Not a terminal: tab-separated lines, no value cut with `…`; --format csv and jsonl."""
+    flags = ["capacity", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+             "--memory", "40GiB", "--context", "4096"]  # fmt: skip
+    code, out = _run(*flags)
+    assert code == 0 and "…" not in out
+    header, first = out.splitlines()[:2]
+    assert header.split("\t")[:3] == ["variant", "dtype", "block"]
+    assert first.split("\t") == ["as given", "float16", "16", "131,072", "2,097,152",
+                                 "20,480", "327,680", "80"]  # fmt: skip
+    code, out = _run(*flags, "--format", "csv")
+    assert code == 0 and out.splitlines()[1] == "as given,float16,16,131072,2097152,20480,327680,80"
+    code, out = _run(*flags, "--format", "jsonl")
+    assert code == 0 and json.loads(out.splitlines()[0])["bytes_per_block"] == 2_097_152

@@ -19,5 +19,6 @@ def test_bench_quick_prints_results() -> None:
     )
     assert out.returncode == 0, out.stderr
     for name in ("host_store_ratio", "host_load_ratio", "host_load_into_ratio",
-                 "disk_store_plain_gib_s", "disk_load_encrypted_gib_s"):  # fmt: skip
+                 "host_load_block_ratio", "disk_store_plain_gib_s",
+                 "disk_load_encrypted_gib_s"):  # fmt: skip
         assert f"RESULT {name}=" in out.stdout

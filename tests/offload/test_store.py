@@ -217,3 +217,28 @@ def test_a_failing_tier_is_skipped_longer_after_each_failure_in_a_row(
     assert put() is PutOutcome.UNAVAILABLE  # skipped: 5 s have not passed
     clock.advance(0.5)
     assert put() is PutOutcome.STORED
+
+
+def test_a_device_block_is_filled_through_a_staging_buffer_left_zero(
+    local: OffloadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """into= a non-CPU tensor: decrypted into host staging, copied, then the staging is zeroed.
+
+    A ``meta`` tensor stands in for a GPU block (the same path: not ``cpu``). The
+    staging buffer comes from torch's allocator, which hands it out again: plaintext
+    left there would outlive the restore.
+    """
+    made: list[torch.Tensor] = []
+    real_empty = torch.empty
+
+    def recording_empty(*args: object, **kwargs: object) -> torch.Tensor:
+        made.append(real_empty(*args, **kwargs))  # type: ignore[call-overload]
+        return made[-1]
+
+    local.offload(BK, SD, "acme", START + 60, PAYLOAD)
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    device_block = real_empty(2048, dtype=torch.float16, device="meta")
+    hit = local.restore(BK, SD, "acme", into=device_block)
+    assert hit.hit and hit.tier == "host"
+    assert len(made) == 1 and made[0].numel() == len(PAYLOAD)
+    assert not made[0].any(), "plaintext left in the staging buffer"

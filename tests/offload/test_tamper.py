@@ -11,8 +11,11 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+import torch
 
+from kvgov.exceptions import InvalidOffloadArgument
 from kvgov.offload import MissReason, OffloadStore, Tier
+from kvgov.offload import store as store_module
 from kvgov.offload.objects import HEADER_BYTES, encode
 
 from .conftest import START, TIER_KINDS, FakeClock, Raw
@@ -140,3 +143,60 @@ def test_a_refusal_in_one_tier_falls_through_to_a_good_copy(
     hit = store.restore(K1, SCOPE, "acme")
     assert hit.hit and hit.tier == "disk" and hit.payload == b"kv" * 64
     assert [(r.tier, r.reason) for r in hit.refusals] == [("host", MissReason.TAMPERED)]
+
+
+@pytest.mark.parametrize("dest", ["tensor", "bytearray"])
+def test_a_tampered_object_restored_into_a_block_leaves_it_zero(
+    store: OffloadStore, dest: str
+) -> None:
+    """into= a block: a flipped ciphertext byte is refused and the block is all zero after.
+
+    The block starts as 0xFF, so zeros prove the refused decryption wiped what it wrote
+    (OpenSSL writes plaintext before it checks the tag) rather than leaving it untouched.
+    """
+    raw = _raw(store)
+    data = bytearray(raw.read(K1))
+    data[-100] ^= 0x01
+    raw.write(K1, bytes(data))
+    block: torch.Tensor | bytearray = (
+        torch.full((512,), -1, dtype=torch.int16) if dest == "tensor" else bytearray(b"\xff" * 1024)
+    )
+    miss = store.restore(K1, SCOPE, "acme", into=block)
+    assert not miss.hit and miss.reason is MissReason.TAMPERED
+    raw_bytes = block.numpy().tobytes() if isinstance(block, torch.Tensor) else bytes(block)
+    assert raw_bytes == bytes(1024)
+    assert store.restore(K2, SCOPE, "acme", into=block).hit  # the same block, a good object
+    assert bytes(block.numpy().tobytes() if isinstance(block, torch.Tensor) else block) == (
+        b"two " * 256
+    )
+
+
+def test_a_block_of_the_wrong_size_is_checked_in_a_scratch_buffer_left_zero(
+    store: OffloadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """into= of another size: the object is authenticated in a scratch buffer, zeroed after.
+
+    A tampered object is a refusal (not the caller's mistake), a genuine one raises
+    InvalidOffloadArgument; either way the caller's buffer is untouched and the
+    scratch buffer holds no plaintext afterwards.
+    """
+    scratches: list[bytearray] = []
+
+    def recording_bytearray(n: int) -> bytearray:
+        scratches.append(bytearray(n))
+        return scratches[-1]
+
+    monkeypatch.setattr(store_module, "bytearray", recording_bytearray, raising=False)
+    small = bytearray(b"\xee" * 10)
+    with pytest.raises(InvalidOffloadArgument, match="1024 bytes"):
+        store.restore(K1, SCOPE, "acme", into=small)
+    assert len(scratches) == 1 and scratches[0] == bytes(1024)
+    assert small == b"\xee" * 10
+    raw = _raw(store)
+    data = bytearray(raw.read(K2))
+    data[-100] ^= 0x01
+    raw.write(K2, bytes(data))
+    miss = store.restore(K2, SCOPE, "acme", into=small)
+    assert not miss.hit and miss.reason is MissReason.TAMPERED
+    assert len(scratches) == 2 and scratches[1] == bytes(1024)
+    assert small == b"\xee" * 10
