@@ -278,44 +278,21 @@ class VllmGovernance:
         hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
         if not state.admitted:
             state.admitted = True
-            self._record_admission(state, hit_ids + new_ids, len(hit_ids) * self.block_size)
+            # written when vLLM first gives the request blocks, so it names the blocks and
+            # the reused tokens vLLM committed; the decision was made at add_request
+            gov.record_admission(
+                state.view,
+                state.seq_id,
+                hit_ids + new_ids,
+                state.adm,
+                num_tokens=state.num_tokens,
+                cacheable=state.cacheable,
+                ttl=state.plan.ttl,
+                requested_priority=None,
+                cached_tokens=len(hit_ids) * self.block_size,
+            )
         if hit_ids:
             sharing.audit_reuse(gov, state.view, hit_ids, state.seq_id, state.granted)
-
-    def _record_admission(
-        self, state: RequestGovernance, block_ids: list[int], cached_tokens: int
-    ) -> None:
-        """Count the admission and write its event, as ``Governor.record_admission`` does.
-
-        Written when vLLM first gives the request blocks, so it names the blocks and the
-        reused tokens vLLM committed; the decision itself was made at ``add_request``.
-        """
-        gov = self.gov
-        view = state.view
-        counters = gov.counters[view.scope.tenant]
-        counters.requests += 1
-        counters.queried_tokens += state.num_tokens
-        counters.hit_tokens += cached_tokens
-        decision = state.adm.decision
-        gov.audit.record(
-            AuditEvent(
-                type=EventType.ADMISSION,
-                **view.fields,
-                sequence_id=state.seq_id,
-                block_ids=tuple(block_ids),
-                token_count=state.num_tokens,
-                reused_tokens=cached_tokens,
-                decision_id=decision.decision_id,
-                policy_revision=decision.bundle_revision,
-                details={
-                    "cache": state.cacheable,
-                    "priority": state.adm.priority,
-                    "reason": state.adm.reason,
-                    "requested_priority": None,
-                    "ttl_seconds": state.plan.ttl,
-                },
-            )
-        )
 
     def _keyed(self, request: Any, block_ids: list[int]) -> None:
         """vLLM cached the request's full blocks: give them the request's retention."""

@@ -192,7 +192,7 @@ def main() -> int:
     start = _stage("the binding's tests (tests/govern/vllm)", times)
     binding = _run(
         [str(python), "-m", "pytest", "tests/govern/vllm", "-q", "-p", "no:cacheprovider",
-         "-p", "no:asyncio"],
+         "-p", "no:asyncio", "-m", "not vllm_e2e"],
         cwd=REPO,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR"},
     )  # fmt: skip

