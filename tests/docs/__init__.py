@@ -1,0 +1,1 @@
+"""The docs test: every command and code block of README.md and docs/ runs."""

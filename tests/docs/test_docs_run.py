@@ -1,0 +1,215 @@
+"""Every command and code sample in README.md and docs/*.md runs, as written.
+
+Convention (also in docs/index.md, "Code blocks"):
+
+* ``bash`` / ``sh`` / ``shell`` blocks run as scripts (``bash -euo pipefail``);
+  ``console`` blocks run their ``$ `` lines, each of which must exit 0 (the other
+  lines are output, shown and not compared); ``python`` blocks run in one namespace per
+  document, in order, so a later block builds on the names an earlier one made.
+* All the blocks of one document run in order in one fresh temporary directory, with
+  the venv's ``bin`` (``kvgov``, ``python``) first on ``PATH``, no ``KVGOV_*`` variable
+  set unless a block sets it, on SQLite and the embedded policy engine. ``../shared``
+  there is the repository's ``../shared`` where it exists.
+* ``text``, ``json``, ``jsonc``, ``sql``, ``yaml`` and ``rego`` blocks are shown, not
+  run; a fence without a language fails the test.
+* A block that needs what CI lacks carries ``<!-- docs-test: KIND reason -->`` on the
+  line right before its fence; KIND is one of ``server`` (pytest mark ``docs_server``:
+  runs with ``-m docs_server`` and ``KVGOV_DOCS_SERVER=1`` where the hosts it names
+  exist), ``gpu`` (runs where CUDA is present), ``vllm`` (where vLLM is installed),
+  ``data`` (where ``../shared/data`` is) and ``ci`` (a make target or installer CI
+  runs itself). Otherwise it is skipped, with KIND and the reason printed (``-ra``).
+
+A block that no longer runs fails the build; the test names it as ``file:line``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .blocks import DOCS, KINDS, PYTHON, ROOT, SHELL, Block, DocFormatError, console_commands, parse
+
+SHARED = ROOT.parent / "shared"
+#: Seconds one shell block may take (the slowest is `kvgov demo --quick`).
+BLOCK_TIMEOUT = 240
+
+
+def _all_blocks() -> list[Block]:
+    return [b for doc in DOCS for b in parse(doc)]
+
+
+def _parsable_blocks() -> list[Block]:
+    """The blocks of every document that parses (the others fail the format test)."""
+    out: list[Block] = []
+    for doc in DOCS:
+        with contextlib.suppress(DocFormatError):
+            out.extend(parse(doc))
+    return out
+
+
+def _skip_reason(block: Block) -> str | None:
+    """Why this block does not run here, or None when it runs."""
+    kind = block.marker
+    if kind is None:
+        return None
+    why = f"docs-test: {kind} ({KINDS[kind]}): {block.reason}"
+    if kind == "server" and os.environ.get("KVGOV_DOCS_SERVER") != "1":
+        return why
+    if kind == "gpu":
+        import torch
+
+        return None if torch.cuda.is_available() else why
+    if kind == "vllm":
+        return None if importlib.util.find_spec("vllm") is not None else why
+    if kind == "data":
+        return None if (SHARED / "data").is_dir() else why
+    if kind == "ci":
+        return why
+    return None
+
+
+def _start_env() -> dict[str, str]:
+    """A document's environment at its start: no KVGOV_* variable, the venv first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGOV_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["COLUMNS"] = "200"
+    return env
+
+
+@contextlib.contextmanager
+def _inside(tmp: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Run a Python block in the document's directory and environment.
+
+    Yields the environment: what the block set in ``os.environ`` is in it afterwards.
+    """
+    cwd = os.getcwd()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(tmp)
+    after: dict[str, str] = {}
+    try:
+        yield after
+    finally:
+        after.update(os.environ)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class _DocRun:
+    """The blocks of one document, run in order in one directory and namespace."""
+
+    def __init__(self, doc: Path, base: Path) -> None:
+        self.blocks = parse(doc)
+        self.work = base / "work"
+        self.work.mkdir(parents=True)
+        if SHARED.is_dir():
+            (base / "shared").symlink_to(SHARED, target_is_directory=True)
+        self.namespace: dict[str, Any] = {"__name__": f"docs_{doc.stem}"}
+        # what a reader's shell holds: a block's `export`s are there for the next blocks
+        self.env = _start_env()
+        self._env_file = base / "env"
+        self.done = 0  # blocks before this index have been handled
+        self.failed: str | None = None
+
+    def run_through(self, index: int) -> None:
+        """Run every runnable block up to and including ``index``; fail on the first error."""
+        while self.done <= index:
+            block = self.blocks[self.done]
+            self.done += 1
+            if not block.runnable or _skip_reason(block) is not None:
+                continue
+            try:
+                self._run(block)
+            except AssertionError as exc:
+                self.failed = f"{block.name} failed: {exc}"
+                raise
+        if self.failed is not None:
+            pytest.fail(f"an earlier block failed ({self.failed})", pytrace=False)
+
+    def _run(self, block: Block) -> None:
+        if block.lang == PYTHON:
+            code = compile("\n" * block.line + block.code, str(block.doc), "exec")
+            with _inside(self.work, self.env) as after:
+                try:
+                    exec(code, self.namespace)
+                except Exception as exc:
+                    raise AssertionError(f"{type(exc).__name__}: {exc}") from exc
+            self.env = after
+            return
+        script = block.code if block.lang in SHELL else "\n".join(console_commands(block.code))
+        assert script.strip(), f"{block.name}: a console block without a `$ ` command"
+        keep_env = f'\nenv -0 > "{self._env_file}"\n'
+        try:
+            proc = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script + keep_env],
+                cwd=self.work,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"ran past {BLOCK_TIMEOUT} s") from exc
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"exit {proc.returncode}\n--- script\n{script}\n--- stdout\n"
+                f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+            )
+        pairs = self._env_file.read_bytes().decode().split("\0")
+        self.env = dict(p.split("=", 1) for p in pairs if "=" in p)
+        for shell_own in ("_", "SHLVL", "PWD", "OLDPWD"):
+            self.env.pop(shell_own, None)
+
+
+_RUNS: dict[Path, _DocRun] = {}
+
+
+@pytest.fixture()
+def doc_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    def get(doc: Path) -> _DocRun:
+        if doc not in _RUNS:
+            _RUNS[doc] = _DocRun(doc, tmp_path_factory.mktemp(f"docs-{doc.stem}"))
+        return _RUNS[doc]
+
+    return get
+
+
+def _params() -> list[Any]:
+    out = []
+    for block in _parsable_blocks():
+        if not block.runnable:
+            continue
+        marks = []
+        if block.marker == "server":
+            marks.append(pytest.mark.docs_server)
+        elif block.marker == "gpu":
+            marks.append(pytest.mark.gpu)
+        out.append(pytest.param(block, id=block.name, marks=marks))
+    return out
+
+
+def test_every_block_declares_what_it_is() -> None:
+    """Every fence names a known language, every marker is known and sits on a runnable block."""
+    blocks = _all_blocks()  # raises DocFormatError naming file:line
+    assert sum(b.runnable for b in blocks) >= 30, "the docs lost their commands"
+    assert all(b.marker is None or b.reason for b in blocks), "a marker without a reason"
+
+
+@pytest.mark.parametrize("block", _params())
+def test_block_runs(block: Block, doc_run: Any) -> None:
+    """The block (and every block before it in its document) runs without error."""
+    reason = _skip_reason(block)
+    if reason is not None:
+        pytest.skip(reason)
+    run = doc_run(block.doc)
+    run.run_through(run.blocks.index(block))
