@@ -56,10 +56,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     cols = ["written", "spooled", "quarantined", "lost", "critical_lost"]
     cols += sorted({k for f in _REPORT.rows.values() for k in f} - set(cols))
     terminalreporter.section("fault suite: what happened to the events")
-    terminalreporter.write_line(f"{'case':<38}" + "".join(f"{c:>20}" for c in cols))
+    # each column as wide as its name or its widest figure, two spaces between columns
+    widths = [
+        max(len(c), *(len(str(f.get(c, "-"))) for f in _REPORT.rows.values())) + 2 for c in cols
+    ]
+    first = max(len("case"), *(len(case) for case in _REPORT.rows))
+    terminalreporter.write_line(
+        f"{'case':<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True))
+    )
     for case, figures in sorted(_REPORT.rows.items()):
-        cells = "".join(f"{figures.get(c, '-')!s:>20}" for c in cols)
-        terminalreporter.write_line(f"{case:<38}{cells}")
+        cells = "".join(f"{figures.get(c, '-')!s:>{w}}" for c, w in zip(cols, widths, strict=True))
+        terminalreporter.write_line(f"{case:<{first}}{cells}")
 
 
 @dataclass(frozen=True)
