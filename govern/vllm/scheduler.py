@@ -127,8 +127,9 @@ class GovernedSchedulerMixin:
         binding = self.kvgov
         if binding is None:
             return super()._get_new_block_ids_to_zero()  # type: ignore[misc, no-any-return]
-        # what the forced flag makes vLLM record (every new block): not needed, every
-        # block that left an owner was ordered zeroed already (docs/vllm.md, "Cost")
+        # what the forced flag makes vLLM record (every new block; the manager's adopt
+        # turned the record off): not needed, every block that left an owner was ordered
+        # zeroed already (docs/vllm.md, "Cost")
         self.kv_cache_manager.take_new_block_ids()
         return binding.zero_orders()
 
