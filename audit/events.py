@@ -335,11 +335,16 @@ class AuditEvent:
             for name, value in zip(_TEXT_FIELDS, texts, strict=True):
                 _check_str(name, value)
         _check_texts(texts)
-        _check_count("token_count", self.token_count)
-        _check_count("reused_tokens", self.reused_tokens)
+        for name, count in (
+            ("token_count", self.token_count),
+            ("reused_tokens", self.reused_tokens),
+        ):
+            if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
+                _check_count(name, count)  # raises, naming the field (an int subclass passes)
         block_ids = self.block_ids
         if type(block_ids) is not tuple:
             block_ids = tuple(block_ids)
+            object.__setattr__(self, "block_ids", block_ids)
         if block_ids:
             # C-level passes (hundreds of ids per event on the hot path): every id an
             # integer in 0 .. 2**64-1 (a float, a str or a negative id raises here), and
@@ -356,7 +361,11 @@ class AuditEvent:
                 raise InvalidAuditEvent(
                     "block_ids", f"must be at most {MAX_COUNT} (2**53 - 1), got {bad!r}"
                 )
-        object.__setattr__(self, "block_ids", block_ids)
-        if type(self.details) is not dict and not isinstance(self.details, Mapping):
+        details = self.details
+        if type(details) is dict:  # the rule: no ABC check, no dispatch through _clean
+            cleaned: Any = _clean_mapping(details, "details", 0) if details else {}
+        elif isinstance(details, Mapping):
+            cleaned = _clean(details, "details", 0)
+        else:
             raise InvalidAuditEvent("details", "must be a mapping")
-        object.__setattr__(self, "details", _clean(self.details, "details", 0))
+        object.__setattr__(self, "details", cleaned)
