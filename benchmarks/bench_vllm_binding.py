@@ -77,7 +77,9 @@ def _vllm_or_reexec(args: argparse.Namespace) -> str | None:
 class Bench:
     """Both schedulers on one config-only model; requests, runs, rounds."""
 
-    def __init__(self, requests: int, prompt: int, workdir: Path) -> None:
+    def __init__(
+        self, requests: int, prompt: int, workdir: Path, audit_url: str | None = None
+    ) -> None:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ["KVGOV_KEY_SECRET"] = "bench-secret-" + "x" * 32
         import transformers
@@ -88,6 +90,7 @@ class Bench:
         from kvgov.govern.vllm import plugin
 
         self.n, self.prompt, self.workdir = requests, prompt, workdir
+        self.audit_url = audit_url or f"sqlite:///{workdir / 'audit.db'}"
         self.model = workdir / "model"
         transformers.OPTConfig(
             vocab_size=50_272,
@@ -124,7 +127,6 @@ class Bench:
 
         num_blocks = self.n * (self.prompt // BS + 2) + 64
         max_len = self.prompt + 64
-        audit = f"sqlite:///{self.workdir / 'audit.db'}"
         vllm_config = VllmConfig(
             model_config=ModelConfig(
                 model=str(self.model),
@@ -139,7 +141,7 @@ class Bench:
                 is_encoder_decoder=False,
             ),
             cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
-            additional_config={"kvgov": {"audit_url": audit, "model_revision": "bench"}},
+            additional_config={"kvgov": {"audit_url": self.audit_url, "model_revision": "bench"}},
         )
         vllm_config.cache_config.num_gpu_blocks = num_blocks
         register_all_kvcache_specs(vllm_config)
@@ -279,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=0, help="requests per run (96; quick 32)")
     parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens (1,024)")
     parser.add_argument("--cpu", type=int, default=None, help="CPU to pin to (-1: none)")
+    parser.add_argument(
+        "--audit-url",
+        default=None,
+        help="the governed engine's audit database (a SQLite file in a temporary directory; "
+        "a PostgreSQL one must be at the schema head: kvgov db upgrade URL)",
+    )
     parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.requests < 0 or args.prompt < BS:
@@ -293,12 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     cpu = _pin(args.cpu)
     import vllm
 
-    bench = Bench(n, args.prompt, Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-")))
+    workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-"))
+    bench = Bench(n, args.prompt, workdir, args.audit_url)
     blocks = n * (args.prompt // BS)
     print(
         f"vLLM {vllm.__version__} scheduler, no model, CPU {cpu if cpu is not None else 'any'}: "
         f"{n} requests x {args.prompt} tokens ({args.prompt // BS} blocks of {BS}), 4 output "
-        f"tokens, one arrival per step; {rounds} pairs per scenario"
+        f"tokens, one arrival per step; {rounds} pairs per scenario; audit trail in "
+        f"{bench.audit_url.partition(':')[0]}"
     )
     print(
         f"{'scenario':22s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "
