@@ -159,22 +159,55 @@ def _clean(value: Any, path: str, depth: int) -> Any:
         # an integral float beyond 2**53 stays a float: an int there has no RFC 8785 form
         return int(value) if value.is_integer() and -MAX_COUNT <= value <= MAX_COUNT else value
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidAuditEvent("details", f"non-string key {k!r} at {path}")
-            _check_detail_text(k, f"a key of {path}")
-            if k.lower() in FORBIDDEN_DETAIL_KEYS:
-                raise InvalidAuditEvent(
-                    "details",
-                    f"key {path}.{k} would hold tokens or text, which are never audited; "
-                    "record counts (token_count, reused_tokens) instead",
-                )
-            out[k] = _clean(v, f"{path}.{k}", depth + 1)
-        return out
+        return _clean_mapping(value, path, depth)
     if isinstance(value, (list, tuple)):
         return [_clean(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     raise InvalidAuditEvent("details", f"{type(value).__name__} at {path} is not JSON")
+
+
+def _clean_mapping(value: Mapping[Any, Any], path: str, depth: int) -> dict[str, Any]:
+    """:func:`_clean` of a mapping: exact ``str``, ``int``, ``bool`` and None values inline.
+
+    Events on the hot path carry a handful of such values; checking them here
+    saves a call and a path string per value (built only for an error).
+    """
+    out: dict[str, Any] = {}
+    inline = depth < _MAX_DEPTH  # a value at depth + 1 is still within the limit
+    for k, v in value.items():
+        if (
+            type(k) is not str
+            or not k.isascii()
+            or "\x00" in k
+            or k.lower() in FORBIDDEN_DETAIL_KEYS
+        ):
+            _check_key(k, path)
+        t = type(v)
+        if inline and (
+            (t is str and v.isascii() and "\x00" not in v)
+            or (t is int and -MAX_COUNT <= v <= MAX_COUNT)
+            or t is bool
+            or v is None
+        ):
+            out[k] = v
+        elif inline and t is float and math.isfinite(v):
+            # as _clean: integral floats within 2**53 become ints
+            out[k] = int(v) if v.is_integer() and -MAX_COUNT <= v <= MAX_COUNT else v
+        else:
+            out[k] = _clean(v, f"{path}.{k}", depth + 1)
+    return out
+
+
+def _check_key(key: object, path: str) -> None:
+    """Raise for a ``details`` key that is not a string, holds bad text, or is forbidden."""
+    if not isinstance(key, str):
+        raise InvalidAuditEvent("details", f"non-string key {key!r} at {path}")
+    _check_detail_text(key, f"a key of {path}")
+    if key.lower() in FORBIDDEN_DETAIL_KEYS:
+        raise InvalidAuditEvent(
+            "details",
+            f"key {path}.{key} would hold tokens or text, which are never audited; "
+            "record counts (token_count, reused_tokens) instead",
+        )
 
 
 def _check_detail_text(text: str, path: str) -> None:
@@ -302,11 +335,16 @@ class AuditEvent:
             for name, value in zip(_TEXT_FIELDS, texts, strict=True):
                 _check_str(name, value)
         _check_texts(texts)
-        _check_count("token_count", self.token_count)
-        _check_count("reused_tokens", self.reused_tokens)
+        for name, count in (
+            ("token_count", self.token_count),
+            ("reused_tokens", self.reused_tokens),
+        ):
+            if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
+                _check_count(name, count)  # raises, naming the field (an int subclass passes)
         block_ids = self.block_ids
         if type(block_ids) is not tuple:
             block_ids = tuple(block_ids)
+            object.__setattr__(self, "block_ids", block_ids)
         if block_ids:
             # C-level passes (hundreds of ids per event on the hot path): every id an
             # integer in 0 .. 2**64-1 (a float, a str or a negative id raises here), and
@@ -323,7 +361,11 @@ class AuditEvent:
                 raise InvalidAuditEvent(
                     "block_ids", f"must be at most {MAX_COUNT} (2**53 - 1), got {bad!r}"
                 )
-        object.__setattr__(self, "block_ids", block_ids)
-        if not isinstance(self.details, Mapping):
+        details = self.details
+        if type(details) is dict:  # the rule: no ABC check, no dispatch through _clean
+            cleaned: Any = _clean_mapping(details, "details", 0) if details else {}
+        elif isinstance(details, Mapping):
+            cleaned = _clean(details, "details", 0)
+        else:
             raise InvalidAuditEvent("details", "must be a mapping")
-        object.__setattr__(self, "details", _clean(self.details, "details", 0))
+        object.__setattr__(self, "details", cleaned)

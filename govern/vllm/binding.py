@@ -319,12 +319,18 @@ class VllmGovernance:
 
     def zero_orders(self) -> list[int] | None:
         """The ids that left an owner since the last step: this step's ``new_block_ids_to_zero``."""
-        self.drain()
-        ids, owners = self.pool.take_zero_orders()
-        if not ids:
+        pool = self.pool
+        if pool.kvgov_events:
+            self.gov.drain()
+        if not pool.kvgov_zero:  # most steps: nothing to carry
             return None
+        ids, owners = pool.take_zero_orders()
         self._inflight[id(ids)] = (ids, owners)
         return ids
+
+    def done_waiting(self) -> bool:
+        """Whether coalesced "done" zeroization events wait to be written."""
+        return self._done_since is not None
 
     def step_returned(self, carried: list[int] | None, *, idle: bool) -> None:
         """The step whose output carried ``carried`` came back: the workers zeroed them.

@@ -36,6 +36,13 @@ class GovernedKVCacheManager(KVCacheManager):
             manager.__class__ = cls
         governed: GovernedKVCacheManager = manager
         governed.kvgov = binding
+        # The forced needs_kv_cache_zeroing makes vLLM record every new block's id for
+        # zeroing (a generator over the blocks per allocation); the governed scheduler
+        # orders its own zeroing (every block that left an owner) and drops that record,
+        # so it is not kept at all.
+        for mgr in governed.coordinator.single_type_managers:
+            if getattr(mgr, "_record_new_block_ids", False):
+                mgr._record_new_block_ids = False
         return governed
 
     def get_computed_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -127,8 +127,9 @@ class GovernedSchedulerMixin:
         binding = self.kvgov
         if binding is None:
             return super()._get_new_block_ids_to_zero()  # type: ignore[misc, no-any-return]
-        # what the forced flag makes vLLM record (every new block): not needed, every
-        # block that left an owner was ordered zeroed already (docs/vllm.md, "Cost")
+        # what the forced flag makes vLLM record (every new block; the manager's adopt
+        # turned the record off): not needed, every block that left an owner was ordered
+        # zeroed already (docs/vllm.md, "Cost")
         self.kv_cache_manager.take_new_block_ids()
         return binding.zero_orders()
 
@@ -146,7 +147,9 @@ class GovernedSchedulerMixin:
         if self._kvgov_refused:
             self._kvgov_deliver_refusals(outputs)
         binding.drain()
-        binding.step_returned(scheduler_output.new_block_ids_to_zero, idle=not self.has_requests())
+        carried = scheduler_output.new_block_ids_to_zero
+        if carried is not None or binding.done_waiting():  # else step_returned has nothing to do
+            binding.step_returned(carried, idle=not self.has_requests())
         return outputs
 
     def _kvgov_deliver_refusals(self, outputs: dict[int, Any]) -> None:

@@ -143,3 +143,19 @@ def test_counts_and_block_ids_beyond_2_53_are_refused() -> None:
         with pytest.raises(InvalidAuditEvent, match="block_ids") as info:
             AuditEvent(EventType.RELEASE, block_ids=(1, bad, 2))
         assert str(bad) in str(info.value)
+
+
+def test_details_depth_limit_counts_scalars_and_errors_name_the_path() -> None:
+    """A scalar one level below the deepest allowed mapping is refused, as any deeper value;
+    an error in a flat value names its path."""
+    deepest: dict[str, object] = {}
+    inner = deepest
+    for _ in range(15):  # details itself is depth 0: this mapping sits at depth 15
+        inner["d"] = inner = {}
+    inner["ok"] = 1  # depth 16: allowed
+    AuditEvent(EventType.ADMISSION, details=deepest)
+    inner["ok"] = {"n": 1}  # a scalar at depth 17
+    with pytest.raises(InvalidAuditEvent, match="nested deeper"):
+        AuditEvent(EventType.ADMISSION, details=deepest)
+    with pytest.raises(InvalidAuditEvent, match=r"details\.state"):
+        AuditEvent(EventType.ZEROIZATION, details={"bytes": 1, "state": "a\x00b"})

@@ -54,6 +54,18 @@ def test_a_freed_tail_block_goes_out_with_the_next_step(vllm: Any) -> None:
     assert not sched.has_requests()
 
 
+def test_new_blocks_are_not_listed_for_zeroing(vllm: Any) -> None:
+    """vLLM's own record of new blocks (forced on by the plugin) is off: a step's zero list
+    holds only blocks that left an owner, never the ones just handed out."""
+    sched = vllm.scheduler()
+    managers = sched.kv_cache_manager.coordinator.single_type_managers
+    assert [m.records_new_block_ids for m in managers] == [False]
+    sched.add_request(vllm.request("r", _prompt(0)))
+    so, _ = vllm.step(sched)
+    assert sched.kv_cache_manager.get_block_ids("r")[0]
+    assert so.new_block_ids_to_zero is None
+
+
 def test_zeroing_is_audited_ordered_then_done(vllm: Any) -> None:
     """A block's zeroization is audited "ordered" when it leaves its owner, "done" when the
     step that carried it to the workers came back."""
