@@ -28,7 +28,6 @@ writes its trail before the page's first server block runs (see there).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -67,7 +66,9 @@ class Substitution:
 SUBSTITUTIONS: tuple[Substitution, ...] = (
     Substitution(
         "a PostgreSQL URL on db.internal or db",
-        re.compile(r"(?P<scheme>postgresql(?:\+psycopg)?)://(?P<role>\w+)@(?:db\.internal|db)/(?P<db>\w+)"),
+        re.compile(
+            r"(?P<scheme>postgresql(?:\+psycopg)?)://(?P<role>\w+)@(?:db\.internal|db)/(?P<db>\w+)"
+        ),
         "the same scheme, role RUN_<role>, 127.0.0.1:5432, a fresh database RUN_<page>_<db>",
         "postgres",
     ),
@@ -90,9 +91,7 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
         None,
     ),
     Substitution("a CUDA device", re.compile(r'device="cuda"'), 'device="cpu"', None),
-    Substitution(
-        "a fleet's pool size", re.compile(r"num_blocks=4096\b"), "num_blocks=16", None
-    ),
+    Substitution("a fleet's pool size", re.compile(r"num_blocks=4096\b"), "num_blocks=16", None),
 )
 
 
@@ -264,7 +263,10 @@ class Standins:
         host = work.parent / "worker-host"
         spool = work.parent / "var" / "lib" / "kvgov"
         spool.mkdir(parents=True, exist_ok=True)
-        writer, auditor = self.pg_url("kvgov", page, "kvgov"), self.pg_url(READER_ROLE, page, "kvgov")
+        writer, auditor = (
+            self.pg_url("kvgov", page, "kvgov"),
+            self.pg_url(READER_ROLE, page, "kvgov"),
+        )
         kvgov = str(Path(sys.executable).parent / "kvgov")
         steps = [
             ([kvgov, "audit", "keygen", str(host / "writer.pem")], work),

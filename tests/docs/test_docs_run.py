@@ -8,7 +8,8 @@ Convention (also in docs/index.md, "Code blocks"):
   document, in order, so a later block builds on the names an earlier one made.
 * All the blocks of one document run in order in one fresh temporary directory, with
   the venv's ``bin`` (``kvgov``, ``python``) first on ``PATH``, no ``KVGOV_*`` variable
-  set unless a block sets it, on SQLite and the embedded policy engine. ``../shared``
+  set unless a block sets it, on SQLite and the embedded policy engine (``server``
+  blocks: on the stand-ins, below). ``../shared``
   there is the repository's ``../shared`` where it exists.
 * ``text``, ``json``, ``jsonc``, ``sql``, ``yaml`` and ``rego`` blocks are shown, not
   run; a fence without a language fails the test.
