@@ -86,7 +86,7 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
     ),
     Substitution(
         "a worker host's directory",
-        re.compile(r"(?<![\w/.])/var/(?P<dir>lib|cache)/kvgov"),
+        re.compile(r"(?<![\w.-])/var/(?P<dir>lib|cache)/kvgov\b"),
         "<page tmp>/var/<dir>/kvgov",
         None,
     ),
@@ -155,10 +155,11 @@ class Standins:
         """The secrets a deployment's workers have in their environment (random here)."""
         return dict(self._env)
 
-    def missing(self, code: str) -> str | None:
-        """Why a block with this code cannot run here (a service it needs is absent)."""
+    def missing(self, code: str, page: str) -> str | None:
+        """Why a server block of ``page`` cannot run here (a service it needs is absent)."""
         for sub in SUBSTITUTIONS:
-            if sub.service in ("postgres", "redis") and sub.pattern.search(code):
+            named = sub.pattern.search(code) or (sub.service == "postgres" and page in WITH_HISTORY)
+            if sub.service in ("postgres", "redis") and named:
                 if sub.service not in self._absent:
                     self._absent[sub.service] = _absent(sub.service)
                 if self._absent[sub.service] is not None:
@@ -179,6 +180,9 @@ class Standins:
             out.code, n = sub.pattern.subn(one, out.code)
             if n and sub.service:
                 out.services.add(sub.service)
+        left = re.search(r"\b[\w-]+\.internal\b", out.code)
+        if left:
+            raise AssertionError(f"names {left[0]}, which no stand-in covers\n{out.report()}")
         return out
 
     def _replacer(self, sub: Substitution, page: str, tmp: Path) -> Callable[[re.Match[str]], str]:
@@ -292,20 +296,39 @@ class Standins:
     # -- the end -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop the session's databases and roles, delete its Redis keys, stop OPA."""
+        """Drop the session's databases and roles, delete its Redis keys, stop OPA.
+
+        Each step runs even if one before it failed (a block may have pointed a tier at
+        a Redis database that does not exist); the first error is raised at the end.
+        """
+        errors: list[Exception] = []
+        for step in (self._close_opa, self._clean_redis, self._drop_pg):
+            try:
+                step()
+            except Exception as exc:  # the next steps must still run
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _close_opa(self) -> None:
         if self._opa is not None:
             engine = self._opa.engine
             self._opa.close()
             engine.close()
-        if self._redis_dbs:
-            import redis
 
-            for n in sorted(self._redis_dbs):
-                client = redis.Redis.from_url(f"{REDIS_URL}/{n}")
-                keys = list(client.scan_iter(match=f"{self.run}-*"))
+    def _clean_redis(self) -> None:
+        import redis
+
+        for n in sorted(self._redis_dbs):
+            with redis.Redis.from_url(f"{REDIS_URL}/{n}") as client:
+                try:
+                    keys = list(client.scan_iter(match=f"{self.run}-*"))
+                except redis.ResponseError:  # "DB index is out of range": nothing was written
+                    continue
                 if keys:
                     client.delete(*keys)
-                client.close()
+
+    def _drop_pg(self) -> None:
         if self._databases or self._roles:
             with _pg_admin() as conn:
                 for name in self._databases:

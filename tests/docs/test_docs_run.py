@@ -65,7 +65,7 @@ def _skip_reason(block: Block, standins: Standins) -> str | None:
         return None
     why = f"docs-test: {kind} ({KINDS[kind]}): {block.reason}"
     if kind == "server":
-        missing = standins.missing(block.code)
+        missing = standins.missing(block.code, block.doc.stem)
         return None if missing is None else f"{why}: {missing}"
     if kind == "gpu":
         import torch
