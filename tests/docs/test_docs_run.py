@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from .blocks import DOCS, KINDS, PYTHON, ROOT, SHELL, Block, DocFormatError, console_commands, parse
-from .standins import Standins
+from .standins import SUBSTITUTIONS, Standins
 
 SHARED = ROOT.parent / "shared"
 #: Seconds one shell block may take (the slowest is `kvgov demo --quick`).
@@ -227,6 +227,17 @@ def test_every_block_declares_what_it_is() -> None:
     blocks = _all_blocks()  # raises DocFormatError naming file:line
     assert sum(b.runnable for b in blocks) >= 30, "the docs lost their commands"
     assert all(b.marker is None or b.reason for b in blocks), "a marker without a reason"
+
+
+def test_server_blocks_name_what_a_standin_replaces() -> None:
+    """A ``server`` marker sits only on a block that names a deployment the stand-ins
+    replace, and every ``*.internal`` host a runnable block names is under one."""
+    for block in _parsable_blocks():
+        named = [s.what for s in SUBSTITUTIONS if s.service and s.pattern.search(block.code)]
+        if block.marker == "server":
+            assert named, f"{block.name}: a server marker on a block that names no server"
+        elif block.runnable and block.marker is None:
+            assert ".internal" not in block.code, f"{block.name}: names a host, no marker"
 
 
 @pytest.mark.parametrize("block", _params())
