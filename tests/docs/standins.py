@@ -58,8 +58,13 @@ class Substitution:
 
     what: str  # what the docs name, in words
     pattern: re.Pattern[str]
-    standin: str  # what replaces it, in words (the exact text is in the report)
-    service: str | None  # "postgres", "redis", "opa" or None (needs nothing)
+    standin: str  # what replaces it: the exact text for a "text" row, else in words
+    kind: str  # "postgres", "redis", "opa" (a service), "path", or "text" (fixed text)
+
+    @property
+    def service(self) -> str | None:
+        """The service the stand-in is, or None (a path or fixed text needs nothing)."""
+        return self.kind if self.kind in ("postgres", "redis", "opa") else None
 
 
 #: Everything the docs test changes in a server block before it runs.
@@ -88,10 +93,10 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
         "a worker host's directory",
         re.compile(r"(?<![\w.-])/var/(?P<dir>lib|cache)/kvgov\b"),
         "<page tmp>/var/<dir>/kvgov",
-        None,
+        "path",
     ),
-    Substitution("a CUDA device", re.compile(r'device="cuda"'), 'device="cpu"', None),
-    Substitution("a fleet's pool size", re.compile(r"num_blocks=4096\b"), "num_blocks=16", None),
+    Substitution("a CUDA device", re.compile(r'device="cuda"'), 'device="cpu"', "text"),
+    Substitution("a fleet's pool size", re.compile(r"num_blocks=4096\b"), "num_blocks=16", "text"),
 )
 
 
@@ -101,7 +106,6 @@ class Rewritten:
 
     code: str
     made: list[tuple[str, str]] = field(default_factory=list)  # (docs text, stand-in text)
-    services: set[str] = field(default_factory=set)
 
     def report(self) -> str:
         """The substitutions, one a line, for a failure message."""
@@ -177,22 +181,20 @@ class Standins:
                 out.made.append((m.group(0), new))
                 return new
 
-            out.code, n = sub.pattern.subn(one, out.code)
-            if n and sub.service:
-                out.services.add(sub.service)
+            out.code = sub.pattern.sub(one, out.code)
         left = re.search(r"\b[\w-]+\.internal\b", out.code)
         if left:
             raise AssertionError(f"names {left[0]}, which no stand-in covers\n{out.report()}")
         return out
 
     def _replacer(self, sub: Substitution, page: str, tmp: Path) -> Callable[[re.Match[str]], str]:
-        if sub.service == "postgres":
+        if sub.kind == "postgres":
             return lambda m: self.pg_url(m["role"], page, m["db"], m["scheme"])
-        if sub.service == "redis":
+        if sub.kind == "redis":
             return lambda m: self._redis_url(m["n"], m["query"] or "")
-        if sub.service == "opa":
+        if sub.kind == "opa":
             return lambda m: self._opa_url()
-        if sub.what == "a worker host's directory":
+        if sub.kind == "path":
 
             def path(m: re.Match[str]) -> str:
                 local = tmp / "var" / m["dir"] / "kvgov"
