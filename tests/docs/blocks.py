@@ -32,10 +32,12 @@ SHOWN = frozenset({"text", "json", "jsonc", "sql", "yaml", "rego"})
 
 #: Marker kinds: what the block needs, and when it runs.
 KINDS = {
-    "server": "a server CI does not have (a deployment's database, OPA or Redis host); "
-    "runs with -m docs_server and KVGOV_DOCS_SERVER=1 where those hosts exist",
+    "server": "a deployment's PostgreSQL, Redis or OPA (db.internal, kv-cache.internal, "
+    "opa.internal); runs against local stand-ins (tests/docs/standins.py), skipped only "
+    "where 127.0.0.1's PostgreSQL or Redis is absent",
     "gpu": "a CUDA device; runs where torch sees one",
-    "vllm": "vLLM and the model the block loads; runs where vLLM is installed",
+    "vllm": "a vLLM engine on a GPU host, or a server that runs until stopped; never run "
+    "by the docs test (make test-vllm-e2e runs the same calls on a tiny model on the CPU)",
     "data": "the traces in ../shared/data (outside the repository); runs where present",
     "ci": "a make target or installer that CI runs itself; never run from the docs test",
 }

@@ -8,16 +8,19 @@ Convention (also in docs/index.md, "Code blocks"):
   document, in order, so a later block builds on the names an earlier one made.
 * All the blocks of one document run in order in one fresh temporary directory, with
   the venv's ``bin`` (``kvgov``, ``python``) first on ``PATH``, no ``KVGOV_*`` variable
-  set unless a block sets it, on SQLite and the embedded policy engine. ``../shared``
+  set unless a block sets it, on SQLite and the embedded policy engine (``server``
+  blocks: on the stand-ins, below). ``../shared``
   there is the repository's ``../shared`` where it exists.
 * ``text``, ``json``, ``jsonc``, ``sql``, ``yaml`` and ``rego`` blocks are shown, not
   run; a fence without a language fails the test.
 * A block that needs what CI lacks carries ``<!-- docs-test: KIND reason -->`` on the
-  line right before its fence; KIND is one of ``server`` (pytest mark ``docs_server``:
-  runs with ``-m docs_server`` and ``KVGOV_DOCS_SERVER=1`` where the hosts it names
-  exist), ``gpu`` (runs where CUDA is present), ``vllm`` (where vLLM is installed),
-  ``data`` (where ``../shared/data`` is) and ``ci`` (a make target or installer CI
-  runs itself). Otherwise it is skipped, with KIND and the reason printed (``-ra``).
+  line right before its fence; KIND is one of :data:`tests.docs.blocks.KINDS`.
+  ``server`` blocks (a deployment's PostgreSQL, Redis or OPA) run against local
+  stand-ins (:mod:`tests.docs.standins`: the substitution table, the roles and
+  databases made for the session, a deployment's trail); they are skipped only where
+  127.0.0.1's PostgreSQL or Redis is absent, and fail then under ``CI=true``. ``gpu``
+  blocks run where CUDA is present, ``data`` blocks where ``../shared/data`` is;
+  ``vllm`` and ``ci`` blocks never run here. A skip prints KIND and the reason (``-ra``).
 
 A block that no longer runs fails the build; the test names it as ``file:line``.
 """
@@ -25,7 +28,6 @@ A block that no longer runs fails the build; the test names it as ``file:line``.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from typing import Any
 import pytest
 
 from .blocks import DOCS, KINDS, PYTHON, ROOT, SHELL, Block, DocFormatError, console_commands, parse
+from .standins import SUBSTITUTIONS, Standins
 
 SHARED = ROOT.parent / "shared"
 #: Seconds one shell block may take (the slowest is `kvgov demo --quick`).
@@ -55,25 +58,22 @@ def _parsable_blocks() -> list[Block]:
     return out
 
 
-def _skip_reason(block: Block) -> str | None:
+def _skip_reason(block: Block, standins: Standins) -> str | None:
     """Why this block does not run here, or None when it runs."""
     kind = block.marker
     if kind is None:
         return None
     why = f"docs-test: {kind} ({KINDS[kind]}): {block.reason}"
-    if kind == "server" and os.environ.get("KVGOV_DOCS_SERVER") != "1":
-        return why
+    if kind == "server":
+        missing = standins.missing(block.code, block.doc.stem)
+        return None if missing is None else f"{why}: {missing}"
     if kind == "gpu":
         import torch
 
         return None if torch.cuda.is_available() else why
-    if kind == "vllm":
-        return None if importlib.util.find_spec("vllm") is not None else why
     if kind == "data":
         return None if (SHARED / "data").is_dir() else why
-    if kind == "ci":
-        return why
-    return None
+    return why  # vllm, ci
 
 
 def _start_env() -> dict[str, str]:
@@ -108,8 +108,10 @@ def _inside(tmp: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
 class _DocRun:
     """The blocks of one document, run in order in one directory and namespace."""
 
-    def __init__(self, doc: Path, base: Path) -> None:
+    def __init__(self, doc: Path, base: Path, standins: Standins) -> None:
         self.blocks = parse(doc)
+        self.page = doc.stem
+        self.standins = standins
         self.work = base / "work"
         self.work.mkdir(parents=True)
         if SHARED.is_dir():
@@ -126,7 +128,7 @@ class _DocRun:
         while self.done <= index:
             block = self.blocks[self.done]
             self.done += 1
-            if not block.runnable or _skip_reason(block) is not None:
+            if not block.runnable or _skip_reason(block, self.standins) is not None:
                 continue
             try:
                 self._run(block)
@@ -137,23 +139,40 @@ class _DocRun:
             pytest.fail(f"an earlier block failed ({self.failed})", pytrace=False)
 
     def _run(self, block: Block) -> None:
+        """Run one block; a server block on the stand-ins, with the deployment's secrets."""
+        if block.marker != "server":
+            self._run_code(block, block.code, self.env)
+            return
+        self.standins.prepare(self.page, self.work, self.env)
+        rewritten = self.standins.rewrite(block.code, self.page, self.work.parent)
+        before = self.env
+        secrets = self.standins.deployment_env()
+        try:
+            self._run_code(block, rewritten.code, {**before, **secrets})
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{rewritten.report()}") from exc
+        for name, value in secrets.items():  # the deployment's, not the reader's shell's
+            if name not in before and self.env.get(name) == value:
+                del self.env[name]
+
+    def _run_code(self, block: Block, code: str, env: dict[str, str]) -> None:
         if block.lang == PYTHON:
-            code = compile("\n" * block.line + block.code, str(block.doc), "exec")
-            with _inside(self.work, self.env) as after:
+            compiled = compile("\n" * block.line + code, str(block.doc), "exec")
+            with _inside(self.work, env) as after:
                 try:
-                    exec(code, self.namespace)
+                    exec(compiled, self.namespace)
                 except Exception as exc:
                     raise AssertionError(f"{type(exc).__name__}: {exc}") from exc
             self.env = after
             return
-        script = block.code if block.lang in SHELL else "\n".join(console_commands(block.code))
+        script = code if block.lang in SHELL else "\n".join(console_commands(code))
         assert script.strip(), f"{block.name}: a console block without a `$ ` command"
         keep_env = f'\nenv -0 > "{self._env_file}"\n'
         try:
             proc = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", script + keep_env],
                 cwd=self.work,
-                env=self.env,
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=BLOCK_TIMEOUT,
@@ -174,11 +193,20 @@ class _DocRun:
 _RUNS: dict[Path, _DocRun] = {}
 
 
+@pytest.fixture(scope="session")
+def standins() -> Iterator[Standins]:
+    """The session's stand-ins for the deployment server blocks name; removed at the end."""
+    made = Standins()
+    yield made
+    made.close()
+
+
 @pytest.fixture()
-def doc_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def doc_run(tmp_path_factory: pytest.TempPathFactory, standins: Standins) -> Any:
     def get(doc: Path) -> _DocRun:
         if doc not in _RUNS:
-            _RUNS[doc] = _DocRun(doc, tmp_path_factory.mktemp(f"docs-{doc.stem}"))
+            base = tmp_path_factory.mktemp(f"docs-{doc.stem}")
+            _RUNS[doc] = _DocRun(doc, base, standins)
         return _RUNS[doc]
 
     return get
@@ -189,11 +217,7 @@ def _params() -> list[Any]:
     for block in _parsable_blocks():
         if not block.runnable:
             continue
-        marks = []
-        if block.marker == "server":
-            marks.append(pytest.mark.docs_server)
-        elif block.marker == "gpu":
-            marks.append(pytest.mark.gpu)
+        marks = [pytest.mark.gpu] if block.marker == "gpu" else []
         out.append(pytest.param(block, id=block.name, marks=marks))
     return out
 
@@ -205,11 +229,24 @@ def test_every_block_declares_what_it_is() -> None:
     assert all(b.marker is None or b.reason for b in blocks), "a marker without a reason"
 
 
+def test_server_blocks_name_what_a_standin_replaces() -> None:
+    """A ``server`` marker sits only on a block that names a deployment the stand-ins
+    replace, and every ``*.internal`` host a runnable block names is under one."""
+    for block in _parsable_blocks():
+        named = [s.what for s in SUBSTITUTIONS if s.service and s.pattern.search(block.code)]
+        if block.marker == "server":
+            assert named, f"{block.name}: a server marker on a block that names no server"
+        elif block.runnable and block.marker is None:
+            assert ".internal" not in block.code, f"{block.name}: names a host, no marker"
+
+
 @pytest.mark.parametrize("block", _params())
-def test_block_runs(block: Block, doc_run: Any) -> None:
+def test_block_runs(block: Block, doc_run: Any, standins: Standins) -> None:
     """The block (and every block before it in its document) runs without error."""
-    reason = _skip_reason(block)
+    reason = _skip_reason(block, standins)
     if reason is not None:
+        if block.marker == "server" and os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI has PostgreSQL and Redis: this must not be skipped)")
         pytest.skip(reason)
     run = doc_run(block.doc)
     run.run_through(run.blocks.index(block))
