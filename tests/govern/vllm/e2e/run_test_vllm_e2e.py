@@ -7,6 +7,7 @@
    ``openai`` client, pytest, and kvgov itself (editable); reused while its stamp matches;
 2. the tests of this folder (marker ``vllm_e2e``), which write the tiny model at test time
    and start real engines: OpenAI servers stock and governed, and ``LLM(...)`` in-process;
+   and the ``vllm`` blocks of docs/vllm.md that run on the CPU (``test_docs_blocks.py``);
    one pytest process per module, side by side (an engine's start is mostly waiting);
 3. beside them, the binding's own tests (``tests/govern/vllm``, no engine) on vLLM 0.32,
    the minor ``make test-vllm`` (vLLM 0.33) does not cover.
@@ -37,6 +38,7 @@ E2E = "tests/govern/vllm/e2e"
 RUNS = {
     "test_http.py": [f"{E2E}/test_http.py", "-m", "vllm_e2e"],
     "test_zeroing_readback.py": [f"{E2E}/test_zeroing_readback.py", "-m", "vllm_e2e"],
+    "test_docs_blocks.py": [f"{E2E}/test_docs_blocks.py", "-m", "vllm_e2e"],
     "binding on 0.32": ["tests/govern/vllm", "-m", "not vllm_e2e", "-p", "no:asyncio"],
 }
 
@@ -53,7 +55,7 @@ def main() -> int:
     t1 = time.monotonic()
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     scratch = Path(tempfile.mkdtemp(prefix="kvgov-e2e-"))
-    # the modules' engines spend their 35-90 s starts mostly waiting: run the two side by side
+    # the modules' engines spend their 35-90 s starts mostly waiting: run them side by side
     runs = []
     for i, (name, what) in enumerate(RUNS.items()):
         cmd = [
