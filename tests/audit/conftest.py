@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade
 from kvgov.audit.store import normalize_url
@@ -103,6 +103,16 @@ def scalar(url: str, sql: str) -> object:
     try:
         with engine.connect() as conn:
             return conn.execute(text(sql)).scalar()
+    finally:
+        engine.dispose()
+
+
+def table_names(url: str) -> set[str]:
+    """The names of the tables in the audit database at ``url``."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
     finally:
         engine.dispose()
 

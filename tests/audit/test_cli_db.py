@@ -13,13 +13,11 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
-from sqlalchemy import create_engine, inspect
 
 from kvgov.audit import AuditLog, current_revision, head_revision, upgrade
 from kvgov.audit.cli import MIGRATION_STREAM, audit_group, db_group
-from kvgov.audit.store import normalize_url
 
-from .conftest import sample_event
+from .conftest import sample_event, table_names
 from .test_chain_format import store_format1_trail
 
 FIXTURE_KEY_PRIVATE = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -30,15 +28,6 @@ def _populated(url: str, n: int = 3) -> str:
         for i in range(n):
             log.record(sample_event(i))
     return url
-
-
-def _tables(url: str) -> set[str]:
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.connect() as conn:
-            return set(inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
 
 
 def test_downgrade_without_a_target_refuses_and_counts_the_events(sqlite_url: str) -> None:
@@ -68,13 +57,13 @@ def test_downgrade_to_base_refuses_to_drop_events_without_the_flag(sqlite_url: s
     assert refused.exit_code == 2, refused.output
     assert "4 audit event(s) would be lost" in refused.output
     assert "--yes-destroy-audit-trail" in refused.output
-    assert "audit_events" in _tables(sqlite_url)
+    assert "audit_events" in table_names(sqlite_url)
     done = runner.invoke(
         db_group, ["downgrade", sqlite_url, "--revision", "base", "--yes-destroy-audit-trail"]
     )
     assert done.exit_code == 0, done.output
     assert "4 audit event(s) deleted" in done.output
-    assert "audit_events" not in _tables(sqlite_url)
+    assert "audit_events" not in table_names(sqlite_url)
 
 
 def test_downgrade_of_an_empty_schema_needs_no_flag(tmp_path: Path) -> None:

@@ -12,26 +12,17 @@ from kvgov.audit import AuditLog, AuditQueries, current_revision, downgrade, hea
 from kvgov.audit.store import normalize_url, open_engine
 from kvgov.exceptions import AuditSchemaError, InvalidAuditUrl
 
-from .conftest import sample_event
-
-
-def _tables(url: str) -> set[str]:
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.connect() as conn:
-            return set(inspect(conn).get_table_names())
-    finally:
-        engine.dispose()
+from .conftest import sample_event, table_names
 
 
 def test_upgrade_downgrade_upgrade(any_db_url: str) -> None:
     """The migration goes up, all the way down (tables gone) and up again."""
     upgrade(any_db_url)
     assert current_revision(any_db_url) == head_revision()
-    assert {"audit_events", "audit_checkpoints", "audit_keys"} <= _tables(any_db_url)
+    assert {"audit_events", "audit_checkpoints", "audit_keys"} <= table_names(any_db_url)
     downgrade(any_db_url, "base")
     assert current_revision(any_db_url) is None
-    assert not {"audit_events", "audit_checkpoints", "audit_keys"} & _tables(any_db_url)
+    assert not {"audit_events", "audit_checkpoints", "audit_keys"} & table_names(any_db_url)
     upgrade(any_db_url)
     assert current_revision(any_db_url) == head_revision()
 
