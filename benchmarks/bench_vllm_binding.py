@@ -174,7 +174,7 @@ class Bench:
             raise RuntimeError(f"{variant}: the scheduler did not drain between runs")
         binding = getattr(sched, "kvgov", None)
         if binding is not None:  # the reset orders every cached block zeroed: settle it
-            binding.step_returned(binding.zero_orders(), idle=True)
+            binding.step_returned(binding.zero_orders(), has_requests=lambda: False)
             # and write its events (every block of the last run, three times) before the
             # clock starts: the reset is the benchmark's, not part of the request stream
             binding.gov.audit.flush()

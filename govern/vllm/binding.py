@@ -319,28 +319,29 @@ class VllmGovernance:
 
     def zero_orders(self) -> list[int] | None:
         """The ids that left an owner since the last step: this step's ``new_block_ids_to_zero``."""
-        pool = self.pool
-        if pool.kvgov_events:
-            self.gov.drain()
-        if not pool.kvgov_zero:  # most steps: nothing to carry
+        self.drain()
+        if not self.zero_pending():  # most steps: nothing to carry
             return None
-        ids, owners = pool.take_zero_orders()
+        ids, owners = self.pool.take_zero_orders()
         self._inflight[id(ids)] = (ids, owners)
         return ids
 
-    def done_waiting(self) -> bool:
-        """Whether coalesced "done" zeroization events wait to be written."""
-        return self._done_since is not None
-
-    def step_returned(self, carried: list[int] | None, *, idle: bool) -> None:
+    def step_returned(self, carried: list[int] | None, *, has_requests: Callable[[], bool]) -> None:
         """The step whose output carried ``carried`` came back: the workers zeroed them.
 
-        "Done" is written per owner, coalesced over steps: when the engine goes idle,
-        when the oldest unwritten one is ``ZEROIZATION_DONE_FLUSH_SECONDS`` old, at an
-        erasure and at shutdown (one event per step would double the audit trail of a
-        busy engine). ``details.steps`` says how many steps an event covers.
+        "Done" is written per owner, coalesced over steps: when the engine goes idle
+        (``has_requests()`` is false), when the oldest unwritten one is
+        ``ZEROIZATION_DONE_FLUSH_SECONDS`` old, at an erasure and at shutdown (one event
+        per step would double the audit trail of a busy engine). ``details.steps`` says
+        how many steps an event covers. A step that carried nothing, with nothing
+        waiting (most steps), returns at once, without asking ``has_requests``.
         """
-        entry = self._inflight.pop(id(carried), None) if carried is not None else None
+        if carried is None:
+            if self._done_since is None:
+                return
+            entry = None
+        else:
+            entry = self._inflight.pop(id(carried), None)
         if entry is not None and entry[0] is carried:
             done = self._done
             for b, owner in zip(*entry, strict=True):
@@ -353,7 +354,8 @@ class VllmGovernance:
             if self._done_since is None:
                 self._done_since = self.gov.clock()
         if self._done_since is not None and (
-            idle or self.gov.clock() - self._done_since >= ZEROIZATION_DONE_FLUSH_SECONDS
+            self.gov.clock() - self._done_since >= ZEROIZATION_DONE_FLUSH_SECONDS
+            or not has_requests()
         ):
             self.flush_done()
 

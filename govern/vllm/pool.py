@@ -108,8 +108,6 @@ class GovernedBlockPool(BlockPool):
             it had when it was ordered (None without a binding).
         """
         ids, owners = self.kvgov_zero, self.kvgov_zero_owners
-        if not ids:  # most steps: nothing left an owner since the last one
-            return [], []
         self.kvgov_zero, self.kvgov_zero_owners = [], []
         if len(set(ids)) < len(ids):  # ordered twice before a step carried it: once is enough
             first: dict[int, Any] = {}

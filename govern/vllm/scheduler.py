@@ -147,9 +147,9 @@ class GovernedSchedulerMixin:
         if self._kvgov_refused:
             self._kvgov_deliver_refusals(outputs)
         binding.drain()
-        carried = scheduler_output.new_block_ids_to_zero
-        if carried is not None or binding.done_waiting():  # else step_returned has nothing to do
-            binding.step_returned(carried, idle=not self.has_requests())
+        binding.step_returned(
+            scheduler_output.new_block_ids_to_zero, has_requests=self.has_requests
+        )
         return outputs
 
     def _kvgov_deliver_refusals(self, outputs: dict[int, Any]) -> None:
