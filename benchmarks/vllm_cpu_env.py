@@ -159,6 +159,7 @@ class Server:
     num_blocks: int | None = None
     kv_probe: bool = False  # VLLM_SERVER_DEV_MODE and the KvProbe worker extension
     port: int = field(default_factory=free_port)
+    cwd: Path | None = None  # the server's working directory (None: this process's)
     proc: subprocess.Popen[bytes] | None = None
     started_s: float = 0.0
 
@@ -184,14 +185,17 @@ class Server:
             cmd += ["--additional-config", json.dumps({"kvgov": self.kvgov})]
         return cmd
 
+    def environment(self) -> dict[str, str]:
+        """The server process's environment."""
+        return engine_env(self.governed, {**self.env, **({DEV_MODE: "1"} if self.kv_probe else {})})
+
     def start(self) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 self.command(),
-                env=engine_env(
-                    self.governed, {**self.env, **({DEV_MODE: "1"} if self.kv_probe else {})}
-                ),
+                cwd=self.cwd,
+                env=self.environment(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # stop() signals the server and its engine core

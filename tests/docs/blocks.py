@@ -17,7 +17,11 @@ with KIND one of :data:`KINDS`. The reason is printed with the skip.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,3 +138,32 @@ def console_commands(code: str) -> list[str]:
             commands.append(cmd)
         i += 1
     return commands
+
+
+def reader_env() -> dict[str, str]:
+    """A document's environment at its start: no KVGOV_* variable, the venv first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGOV_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["COLUMNS"] = "200"
+    return env
+
+
+@contextlib.contextmanager
+def inside(tmp: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Run a Python block in directory ``tmp`` with environment ``env`` (then restore both).
+
+    Yields the environment: what the block set in ``os.environ`` is in it afterwards.
+    """
+    cwd = os.getcwd()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(tmp)
+    after: dict[str, str] = {}
+    try:
+        yield after
+    finally:
+        after.update(os.environ)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)

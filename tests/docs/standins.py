@@ -40,9 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PG_HOST = os.environ.get("KVGOV_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("KVGOV_TEST_PG_PORT", "5432"))
-PG_ADMIN = os.environ.get("KVGOV_TEST_PG_USER", "postgres")
+from tests.conftest import PG_HOST, PG_PORT, _pg_admin_connect, _pg_unavailable_reason
+
 REDIS_URL = os.environ.get("KVGOV_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
 #: The read-only role of the docs; every other role a URL names writes.
@@ -113,29 +112,17 @@ class Rewritten:
         return "--- stand-ins substituted\n" + ("\n".join(lines) or "  (none)")
 
 
-def _pg_admin() -> Any:
-    import psycopg
-
-    return psycopg.connect(
-        host=PG_HOST, port=PG_PORT, user=PG_ADMIN, dbname="postgres",
-        autocommit=True, connect_timeout=3,
-    )  # fmt: skip
-
-
 def _absent(service: str) -> str | None:
-    """Why ``service`` cannot be reached here, or None."""
+    """Why ``service`` (``postgres`` or ``redis``) cannot be reached here, or None."""
+    if service == "postgres":
+        return _pg_unavailable_reason()
     try:
-        if service == "postgres":
-            with _pg_admin():
-                return None
-        if service == "redis":
-            import redis
+        import redis
 
-            redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
         return None
     except Exception as exc:  # any failure to connect means "absent" here
-        where = f"{PG_HOST}:{PG_PORT}" if service == "postgres" else REDIS_URL
-        return f"{service} not reachable at {where}: {exc}"
+        return f"{service} not reachable at {REDIS_URL}: {exc}"
 
 
 class Standins:
@@ -211,7 +198,7 @@ class Standins:
         name = f"{self.run}_{page}_{db}"
         user = self._role(role)
         if name not in self._databases:
-            with _pg_admin() as conn:
+            with _pg_admin_connect() as conn:
                 conn.execute(f'CREATE DATABASE "{name}" OWNER "{self._role("")}"')
             self._databases.append(name)
         return f"{scheme}://{user}@{PG_HOST}:{PG_PORT}/{name}"
@@ -221,7 +208,7 @@ class Standins:
         name = f"{self.run}_{role}" if role else f"{self.run}_owners"
         if name in self._roles:
             return name
-        with _pg_admin() as conn:
+        with _pg_admin_connect() as conn:
             if not role:
                 conn.execute(f'CREATE ROLE "{name}" NOLOGIN')
             elif role == READER_ROLE:
@@ -332,7 +319,7 @@ class Standins:
 
     def _drop_pg(self) -> None:
         if self._databases or self._roles:
-            with _pg_admin() as conn:
+            with _pg_admin_connect() as conn:
                 for name in self._databases:
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 for name in reversed(self._roles):

@@ -30,14 +30,25 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .blocks import DOCS, KINDS, PYTHON, ROOT, SHELL, Block, DocFormatError, console_commands, parse
+from .blocks import (
+    DOCS,
+    KINDS,
+    PYTHON,
+    ROOT,
+    SHELL,
+    Block,
+    DocFormatError,
+    console_commands,
+    inside,
+    parse,
+    reader_env,
+)
 from .standins import SUBSTITUTIONS, Standins
 
 SHARED = ROOT.parent / "shared"
@@ -76,35 +87,6 @@ def _skip_reason(block: Block, standins: Standins) -> str | None:
     return why  # vllm, ci
 
 
-def _start_env() -> dict[str, str]:
-    """A document's environment at its start: no KVGOV_* variable, the venv first on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGOV_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["COLUMNS"] = "200"
-    return env
-
-
-@contextlib.contextmanager
-def _inside(tmp: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """Run a Python block in the document's directory and environment.
-
-    Yields the environment: what the block set in ``os.environ`` is in it afterwards.
-    """
-    cwd = os.getcwd()
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(tmp)
-    after: dict[str, str] = {}
-    try:
-        yield after
-    finally:
-        after.update(os.environ)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 class _DocRun:
     """The blocks of one document, run in order in one directory and namespace."""
 
@@ -118,7 +100,7 @@ class _DocRun:
             (base / "shared").symlink_to(SHARED, target_is_directory=True)
         self.namespace: dict[str, Any] = {"__name__": f"docs_{doc.stem}"}
         # what a reader's shell holds: a block's `export`s are there for the next blocks
-        self.env = _start_env()
+        self.env = reader_env()
         self._env_file = base / "env"
         self.done = 0  # blocks before this index have been handled
         self.failed: str | None = None
@@ -158,7 +140,7 @@ class _DocRun:
     def _run_code(self, block: Block, code: str, env: dict[str, str]) -> None:
         if block.lang == PYTHON:
             compiled = compile("\n" * block.line + code, str(block.doc), "exec")
-            with _inside(self.work, env) as after:
+            with inside(self.work, env) as after:
                 try:
                     exec(compiled, self.namespace)
                 except Exception as exc:

@@ -21,19 +21,16 @@ import ast
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_env import BLOCK_SIZE, MAX_MODEL_LEN, engine_env, free_port
+from vllm_cpu_env import BLOCK_SIZE, MAX_MODEL_LEN, Server, engine_env
 
-from tests.docs.blocks import PYTHON, ROOT, Block, parse
+from tests.docs.blocks import PYTHON, ROOT, Block, inside, parse, reader_env
 
 from .conftest import SECRET
 
@@ -78,70 +75,39 @@ def test_the_markers_name_the_blocks_this_module_runs() -> None:
 
 
 def _env() -> dict[str, str]:
-    """A reader's shell: no KVGOV_* variable; no network (the tiny model is local)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGOV_")}
-    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return env
+    """A reader's shell (no KVGOV_* variable); no network (the tiny model is local)."""
+    return {**reader_env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-class HandServer:
+class HandServer(Server):
     """The docs' server block, running in the background in its own process group."""
 
     def __init__(self, block: Block, tmp: Path) -> None:
-        self.tmp, self.port = tmp, free_port()
+        super().__init__(
+            name=block.name,
+            python=Path(sys.executable),
+            model=tmp / "tiny-opt",
+            log=tmp / "server.log",
+            governed=True,
+            cwd=tmp,
+        )
+        self.tmp = tmp
         self.table = _substitutions(tmp, self.port)
-        self.log = tmp / "server.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                ["bash", "-euo", "pipefail", "-c", _rewrite(block.code, self.table)],
-                cwd=tmp,
-                env=_env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.started = time.monotonic()
+        self.code = _rewrite(block.code, self.table)
 
-    def wait(self) -> float:
-        deadline = self.started + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server block exited:\n{self.tail()}"
-            try:
-                url = f"http://127.0.0.1:{self.port}/health"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - self.started
-            except OSError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise AssertionError(f"no /health in {START_TIMEOUT:.0f} s:\n{self.tail()}")
+    def command(self) -> list[str]:
+        return ["bash", "-euo", "pipefail", "-c", self.code]
 
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def stop(self) -> None:
-        """SIGINT to the group (vLLM shuts down, the binding flushes its audit), then SIGKILL."""
-        for sig, wait in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
-            if self.proc.poll() is not None:
-                return
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    def environment(self) -> dict[str, str]:
+        return _env()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HandServer]:
     block = _one(_marked_here(), "bash", "vllm.entrypoints.openai.api_server")
-    s = HandServer(block, tmp_path_factory.mktemp("by-hand"))
+    s = HandServer(block, tmp_path_factory.mktemp("by-hand")).start()
     try:
-        print(f"\nthe docs' server ({block.name}) answered after {s.wait():.0f} s")
+        print(f"\nthe docs' server ({block.name}) answered after {s.wait(START_TIMEOUT):.0f} s")
         yield s
     finally:
         s.stop()
@@ -149,16 +115,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HandServer]:
 
 def _exec(block: Block, code: str, namespace: dict[str, Any], cwd: Path) -> None:
     """Run a Python block as the docs test does (its line numbers in tracebacks)."""
-    saved, here = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    os.environ.update(_env())
-    os.chdir(cwd)
-    try:
+    with inside(cwd, _env()):
         exec(compile("\n" * block.line + code, str(block.doc), "exec"), namespace)
-    finally:
-        os.chdir(here)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _kvgov(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
