@@ -105,7 +105,9 @@ class CachedEngine:
     and the later insert wins).
 
     Args:
-        engine: the engine to cache.
+        engine: the engine to cache; when it is a
+            :class:`~kvgov.policy.engine.TimedRevision` (the OPA server engine), each
+            decision is kept at most its ``revision_ttl`` seconds.
         maxsize: decisions kept (least recently used evicted first); 0 disables
             caching (every call goes to the engine and counts as a miss).
 
