@@ -20,14 +20,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "UNKNOWN_REVISION",
     "Decision",
     "PolicyEngine",
+    "TimedRevision",
     "failed_decision",
     "json_shape",
     "make_decision",
     "new_decision_id",
     "normalize_path",
 ]
+
+#: The revision of an engine that cannot tell what its decisions were computed from
+#: (the OPA server engine before its first successful read, or after a failed one).
+#: A decision cache never stores or serves a decision under it.
+UNKNOWN_REVISION = "unknown"
 
 _SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Types a JSON-shaped result holds as leaves (regorus and json.loads give these).
@@ -101,6 +108,27 @@ class PolicyEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources; later evaluations fail closed."""
+        ...
+
+
+@runtime_checkable
+class TimedRevision(Protocol):
+    """An engine whose revision is read from elsewhere and trusted only for a while.
+
+    The OPA server engine is one: it re-reads its revision every ``revision_ttl``
+    seconds, so a change on the server can go unseen for that long, and a decision
+    may have been computed from content newer than the revision it is tagged with.
+    :class:`~kvgov.policy.cache.CachedEngine` therefore keeps such an engine's
+    decisions at most ``revision_ttl`` seconds, measured on :meth:`now`.
+    """
+
+    @property
+    def revision_ttl(self) -> float:
+        """Seconds a read revision is trusted (and a cached decision kept)."""
+        ...
+
+    def now(self) -> float:
+        """The engine's monotonic clock, in seconds (what ``revision_ttl`` is measured on)."""
         ...
 
 

@@ -18,15 +18,27 @@ bytes can take longer. The engine therefore also measures the whole call and
 denies any answer that took longer than ``timeout`` (it cannot abort it earlier
 without leaving the wrapped client).
 
-Bundle revision: read from ``GET /v1/data/system/bundles`` (OPA keeps each
-activated bundle's manifest there) as ``name=revision`` pairs sorted and joined
-by ``,``; where OPA serves no bundles (policies pushed with ``PUT
-/v1/policies``), it is ``policies-sha256:`` + 16 hex digits of the SHA-256 of the
-policies' ids and sources (``GET /v1/policies``, sorted by id, each ``id 0x00 raw
-0x00``). It is read at construction and again when ``revision_ttl`` seconds have
-passed (or on :meth:`OpaServerEngine.refresh_revision`); ``"unknown"`` until a
-read succeeds. Decisions are tagged, and cached, under the revision known when
-they were made, so a bundle swap on the server is seen within ``revision_ttl``.
+Revision: a digest of what the server decides from, its policies **and** its
+data: ``opa-sha256:`` + 16 hex digits of the SHA-256 of the policies (``GET
+/v1/policies``, then each one's source, sorted by id, each ``id 0x00 raw 0x00``)
+followed by ``data 0x00`` and the canonical JSON (RFC 8785) of the whole data
+document (``GET /v1/data``, which holds ``system.bundles`` too). Where the data names
+bundles whose manifests carry a revision, those come first, for people:
+``kvgov=r1+opa-sha256:...`` (``name=revision`` pairs sorted by name, joined by
+``,``). A manifest revision alone is never trusted: a bundle re-published without
+bumping it, a bundle with no ``.manifest`` (the bundled ``policy/rego`` has none)
+and data written with ``PUT /v1/data`` all change the digest. It is read at
+construction and again once ``revision_ttl`` seconds have passed (or on
+:meth:`OpaServerEngine.refresh_revision`), never per decision. When it cannot be
+read (server unreachable, an error status, a token not allowed to read
+``/v1/data`` or ``/v1/policies``), it is :data:`~kvgov.policy.engine.UNKNOWN_REVISION`
+until the next read, ``revision_ttl`` later: the old revision is not kept, and a
+decision cache neither stores nor serves decisions under it. Decisions are tagged
+with the revision known when they were made; as that may be up to ``revision_ttl``
+old, the engine is a :class:`~kvgov.policy.engine.TimedRevision` and a
+:class:`~kvgov.policy.cache.CachedEngine` keeps its decisions at most
+``revision_ttl`` seconds. So a change on the server, of policy or data, is seen by a
+cached client within ``revision_ttl``.
 
 Redirects are refused: a 3xx answer fails closed and its target is never
 contacted, so neither the policy input (which carries tenants and scopes) nor the
@@ -50,7 +62,15 @@ from opa_client import OpaClient
 
 from kvgov.defaults import OPA_REVISION_TTL_SECONDS, OPA_TIMEOUT_SECONDS
 from kvgov.exceptions import PolicyError
-from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
+from kvgov.policy.bundle import canonical_json
+from kvgov.policy.engine import (
+    UNKNOWN_REVISION,
+    Decision,
+    failed_decision,
+    json_shape,
+    make_decision,
+    normalize_path,
+)
 
 __all__ = ["OpaServerEngine"]
 
@@ -89,8 +109,9 @@ class OpaServerEngine:
         url: the server, e.g. ``http://127.0.0.1:8181`` (``https`` for TLS); no path.
         token: bearer token sent as ``Authorization: Bearer ...``.
         timeout: seconds a decision may take before it fails closed.
-        revision_ttl: seconds a read bundle revision is trusted.
-        clock: monotonic clock for the revision TTL.
+        revision_ttl: seconds a read revision is trusted, and a decision cached
+            (see the module notes).
+        clock: monotonic clock for the revision TTL and the age of cached decisions.
         timer: timer for ``Decision.seconds`` and the whole-call timeout.
 
     Raises:
@@ -130,7 +151,7 @@ class OpaServerEngine:
         self._clients: list[OpaClient] = []
         self._clients_lock = threading.Lock()
         self._closed = False
-        self._revision = "unknown"
+        self._revision = UNKNOWN_REVISION
         self._revision_at = float("-inf")
         self.refresh_revision()
 
@@ -151,53 +172,78 @@ class OpaServerEngine:
         return client
 
     @property
-    def bundle_revision(self) -> str:
-        """The server's bundle revision, re-read when older than ``revision_ttl``.
+    def revision(self) -> str:
+        """The digest of the server's policies and data, re-read when older than ``revision_ttl``.
 
-        A decision cache reads this on every lookup, so a bundle swap on the server
-        is noticed within ``revision_ttl`` even when every lookup hits.
-        ``"unknown"`` until a read succeeds.
+        See the module notes for what it covers. A decision cache reads it on every
+        lookup; it costs a clock read, and the server is asked again only once
+        ``revision_ttl`` has passed. :data:`~kvgov.policy.engine.UNKNOWN_REVISION`
+        while it cannot be read.
         """
         if not self._closed and self._clock() - self._revision_at >= self._revision_ttl:
             self.refresh_revision()
         return self._revision
 
-    def refresh_revision(self) -> str:
-        """Read the bundle revision from the server now.
+    @property
+    def bundle_revision(self) -> str:
+        """The same as :attr:`revision` (the name every engine has)."""
+        return self.revision
+
+    @property
+    def revision_ttl(self) -> float:
+        """Seconds a read revision is trusted, and a decision kept by a cache."""
+        return self._revision_ttl
+
+    def now(self) -> float:
+        """The engine's monotonic clock (the one ``revision_ttl`` is measured on).
 
         Returns:
-            The revision; unchanged (possibly ``"unknown"``) when the server cannot
-            be read, in which case the next evaluation tries again.
+            Seconds.
+        """
+        return self._clock()
+
+    def refresh_revision(self) -> str:
+        """Read the revision from the server now.
+
+        Returns:
+            The revision; :data:`~kvgov.policy.engine.UNKNOWN_REVISION` when the
+            server's policies or data cannot be read (the next read is
+            ``revision_ttl`` later, or at the next call of this method).
         """
         self._revision_at = self._clock()
         try:
-            self._revision = self._read_revision()
+            revision = self._read_revision()
         except BaseException as exc:
             if isinstance(exc, _PASS_THROUGH):
                 raise
-            self._revision_at = float("-inf")
-        return self._revision
+            revision = UNKNOWN_REVISION
+        self._revision = revision
+        return revision
 
     def _read_revision(self) -> str:
+        """The revision (see the module notes); raises when anything cannot be read."""
         client = self._client()
-        try:
-            bundles = client.get_data("system/bundles").get("result")
-        except requests.RequestException:
-            raise  # the server is unreachable: keep the revision we had
-        except Exception:
-            bundles = None  # no bundle metadata (e.g. PolicyNotFoundError): hash policies
-        if isinstance(bundles, dict) and bundles:
-            pairs = []
-            for name in sorted(bundles):
-                meta = bundles[name] if isinstance(bundles[name], dict) else {}
-                manifest = meta.get("manifest") or {}
-                pairs.append(f"{name}={manifest.get('revision', '')}")
-            return ",".join(pairs)
+        data = client.get_data("").get("result")
+        if not isinstance(data, dict):
+            raise PolicyError(f"GET /v1/data answered {type(data).__name__}, not an object")
         h = hashlib.sha256()
-        for pid in sorted(client.get_policies_list()):
-            raw = client.get_policy(pid).get("result", {}).get("raw", "")
-            h.update(str(pid).encode() + b"\x00" + str(raw).encode() + b"\x00")
-        return "policies-sha256:" + h.hexdigest()[:16]
+        for pid in sorted(str(p) for p in client.get_policies_list()):
+            policy = client.get_policy(pid).get("result")
+            raw = policy.get("raw") if isinstance(policy, dict) else None
+            if not isinstance(raw, str):
+                raise PolicyError(f"GET /v1/policies/{pid} answered no source")
+            h.update(pid.encode() + b"\x00" + raw.encode() + b"\x00")
+        h.update(b"data\x00" + canonical_json(data).encode())
+        digest = "opa-sha256:" + h.hexdigest()[:16]
+        system = data.get("system")
+        bundles = system.get("bundles") if isinstance(system, dict) else None
+        declared = []
+        for name, meta in sorted(bundles.items()) if isinstance(bundles, dict) else ():
+            manifest = meta.get("manifest") if isinstance(meta, dict) else None
+            revision = manifest.get("revision") if isinstance(manifest, dict) else None
+            if isinstance(revision, str) and revision:
+                declared.append(f"{name}={revision}")
+        return f"{','.join(declared)}+{digest}" if declared else digest
 
     def evaluate(self, path: str, input: Mapping[str, Any]) -> Decision:
         """Ask the server for one rule's value; never raises for server failures.

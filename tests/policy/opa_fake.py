@@ -10,10 +10,18 @@ keep-alive connections, and an engine must not be dropped on another thread).
 ``"error500"``, ``"garbage"`` (a body that is not JSON), ``"undefined"`` (200 with
 no ``result``), ``"list"`` (a JSON body that is not an object). Used by the tests
 and by benchmarks/bench_policy.py.
+
+What it serves besides decisions, as OPA does: ``GET /v1/data`` (the whole data
+document: the engine's data and ``system.bundles``), ``GET /v1/data/system/bundles``,
+``GET /v1/policies`` and ``GET /v1/policies/<id>``; ``PUT /v1/data/<path>`` sets a
+value in the data and re-activates the engine with it (:meth:`FakeOpa.put_data`).
+``get_status`` answers every GET with that HTTP status instead (e.g. 403: a server
+whose authorization policy keeps the token from reading data and policies).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -39,8 +47,10 @@ class FakeOpa:
     Args:
         engine: the in-process engine answering decisions (the reference engine in
             the tests).
-        revision: the bundle revision served at /v1/data/system/bundles; None
-            serves no bundles (then the policies are listed at /v1/policies).
+        revision: the revision in the manifest of the bundle ``kvgov`` served at
+            /v1/data/system/bundles; ``""`` serves that bundle with a manifest
+            that has no revision (as ``opa run --bundle policy/rego`` does); None
+            serves no bundles (policies pushed with the policy API).
         token: when set, requests without ``Authorization: Bearer <token>`` get 401.
     """
 
@@ -61,6 +71,8 @@ class FakeOpa:
         # header pointing at redirect_to + the request's path.
         self.redirect_to: str | None = None
         self.redirect_status = 307
+        # When set, every GET is answered with this status (and no data).
+        self.get_status: int | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fake-opa-eval")
         fake = self
 
@@ -99,12 +111,14 @@ class FakeOpa:
                 fake.gets += 1
                 if self._redirected() or not self._authorised():
                     return
+                if fake.get_status is not None:
+                    self._send(fake.get_status, b'{"code": "unauthorized"}')
+                    return
                 if self.path.rstrip("/") == "/v1/data/system/bundles":
-                    if fake.revision is None:
-                        self._send(200, b"{}")
-                    else:
-                        doc = {"kvgov": {"manifest": {"revision": fake.revision}}}
-                        self._send(200, json.dumps({"result": doc}).encode())
+                    bundles = fake.bundles()
+                    self._send(200, json.dumps({"result": bundles} if bundles else {}).encode())
+                elif self.path.rstrip("/") == "/v1/data":
+                    self._send(200, json.dumps({"result": fake.data_document()}).encode())
                 elif self.path.rstrip("/") == "/v1/policies":
                     bundle = fake.engine.bundle
                     ids = [f.name for f in bundle.policies] if bundle else []
@@ -145,6 +159,17 @@ class FakeOpa:
                 answer = {} if d.result is None else {"result": d.result}
                 self._send(200, json.dumps(answer).encode())
 
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                value = json.loads(self.rfile.read(length) or b"null")
+                if self._redirected() or not self._authorised():
+                    return
+                if not self.path.startswith("/v1/data/"):
+                    self._send(404, b"{}")
+                    return
+                fake.put_data(self.path[len("/v1/data/") :].split("?")[0], value)
+                self._send(204, b"")
+
         class Server(ThreadingHTTPServer):
             def handle_error(self, request: Any, client_address: Any) -> None:
                 return  # a client that timed out and hung up is expected here
@@ -154,6 +179,39 @@ class FakeOpa:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
+
+    def bundles(self) -> dict[str, Any]:
+        """What OPA keeps at ``data.system.bundles``: the bundle's manifest, if one."""
+        if self.revision is None:
+            return {}
+        manifest = {"revision": self.revision} if self.revision else {}
+        return {"kvgov": {"manifest": {**manifest, "roots": [""]}}}
+
+    def data_document(self) -> dict[str, Any]:
+        """The data ``GET /v1/data`` answers: the engine's data and ``system.bundles``."""
+        bundle = self.engine.bundle
+        doc = copy.deepcopy(dict(bundle.data)) if bundle is not None else {}
+        bundles = self.bundles()
+        if bundles:
+            doc["system"] = {"bundles": bundles}
+        return doc
+
+    def put_data(self, path: str, value: Any) -> None:
+        """As OPA's ``PUT /v1/data/<path>``: set ``value`` there (creating objects on the
+        way) and re-activate the engine with the new data, on the evaluating thread.
+
+        The new data is the engine's data with that value replaced, handed to the
+        engine's ``reload`` (which merges it over data.json: a key of data.json cannot
+        be removed this way, which the tests do not need).
+        """
+        bundle = self.engine.bundle
+        data = copy.deepcopy(dict(bundle.data)) if bundle is not None else {}
+        *parents, last = [p for p in path.split("/") if p]
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+        self._worker.submit(self.engine.reload, None, data).result()
 
     def close(self) -> None:
         """Stop the server."""

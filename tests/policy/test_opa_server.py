@@ -49,18 +49,19 @@ def test_answers_match_both_in_process_engines(
 
 
 def test_revision_from_bundle_manifest(fake_opa: FakeOpa) -> None:
-    """The revision is read from /v1/data/system/bundles and tags decisions."""
+    """The manifest's revision, read from /v1/data, names the revision and tags decisions;
+    the content digest follows it."""
     e = OpaServerEngine(fake_opa.url)
-    assert e.bundle_revision == "kvgov=r1"
-    assert e.evaluate("kvgov/classifications", {}).bundle_revision == "kvgov=r1"
+    assert e.bundle_revision.startswith("kvgov=r1+opa-sha256:")
+    assert e.evaluate("kvgov/classifications", {}).bundle_revision == e.bundle_revision
     e.close()
 
 
-def test_revision_falls_back_to_policy_hash(fake_opa: FakeOpa) -> None:
-    """Without bundles the revision is a hash of the policies OPA lists."""
+def test_revision_without_bundles_is_the_content_digest(fake_opa: FakeOpa) -> None:
+    """Without bundles the revision is the digest of the policies and data OPA serves."""
     fake_opa.revision = None
     e = OpaServerEngine(fake_opa.url)
-    assert e.bundle_revision.startswith("policies-sha256:")
+    assert e.bundle_revision.startswith("opa-sha256:")
     e.close()
 
 
@@ -69,9 +70,9 @@ def test_revision_is_reread_after_its_ttl(fake_opa: FakeOpa) -> None:
     now = [0.0]
     e = OpaServerEngine(fake_opa.url, revision_ttl=10, clock=lambda: now[0])
     fake_opa.revision = "r2"
-    assert e.evaluate("kvgov/classifications", {}).bundle_revision == "kvgov=r1"
+    assert e.evaluate("kvgov/classifications", {}).bundle_revision.startswith("kvgov=r1+")
     now[0] = 11.0
-    assert e.evaluate("kvgov/classifications", {}).bundle_revision == "kvgov=r2"
+    assert e.evaluate("kvgov/classifications", {}).bundle_revision.startswith("kvgov=r2+")
     e.close()
 
 
