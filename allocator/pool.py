@@ -699,6 +699,9 @@ class BlockPool:
             return out
 
     # ------------------------------------------------------------------ erasure
+    # Blocks taken out of the cache on a caller's word rather than on allocation
+    # pressure: evict (retention expiry), revoke (purge, invalidation, secret
+    # rotation), zeroize (erasure evidence, retries).
 
     def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
         """Make blocks unreachable by key now (purge, invalidation, secret rotation).
