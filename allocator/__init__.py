@@ -4,6 +4,7 @@ Knows nothing of tenants, policy or audit: it emits typed events that the
 govern layer drains (:meth:`BlockPool.take_events`).
 """
 
+from kvgov.allocator.device import resolve_device
 from kvgov.allocator.events import (
     BlocksAllocated,
     BlocksCached,
@@ -17,7 +18,6 @@ from kvgov.allocator.eviction import EvictionQueue
 from kvgov.allocator.metadata import BlockState
 from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
 from kvgov.allocator.pool import BlockPool, PoolCounts, Revoked
-from kvgov.allocator.pool_state import resolve_device
 from kvgov.allocator.sizing import (
     Capacity,
     blocks_in_bytes,

@@ -1,21 +1,39 @@
-"""The paged KV block pool: :class:`BlockPool`.
-
-The class is spread over three modules, each a step of one inheritance line:
-:mod:`~kvgov.allocator.pool_state` (the data structures, what reads them, the
-invariant check), :mod:`~kvgov.allocator.pool_erasure` (evict, revoke, zeroize,
-close) and this one (the hot paths: allocate, free, set_keys, lookup).
+"""The paged KV block pool: :class:`BlockPool`, and the values it returns
+(:class:`PoolCounts`, :class:`Revoked`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
-from kvgov.allocator.events import BlocksAllocated, BlocksHit, BlocksKeyed
-from kvgov.allocator.metadata import CACHED_CODE, FREE_CODE
-from kvgov.allocator.pool_erasure import PoolErasure, Revoked
-from kvgov.allocator.pool_state import PoolCounts, _state_name
+import torch
+
+from kvgov.allocator.device import resolve_device
+from kvgov.allocator.events import (
+    BlocksAllocated,
+    BlocksCached,
+    BlocksEvicted,
+    BlocksHit,
+    BlocksKeyed,
+    BlocksZeroized,
+    PoolEvent,
+)
+from kvgov.allocator.eviction import EvictionQueue
+from kvgov.allocator.metadata import (
+    CACHED_CODE,
+    DIRTY_CODE,
+    FREE_CODE,
+    BlockState,
+    BlockTable,
+    state_of,
+)
+from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
+from kvgov.allocator.spec import KVSpec, positive_int
+from kvgov.allocator.zeroize import coalesce_runs, make_zeroizer
 from kvgov.defaults import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from kvgov.exceptions import (
     BlockStateError,
@@ -24,12 +42,56 @@ from kvgov.exceptions import (
     KeyAlreadySet,
     OutOfBlocks,
     PoolClosed,
+    UnknownBlock,
 )
 
 __all__ = ["BlockPool", "PoolCounts", "Revoked"]
 
 
-class BlockPool(PoolErasure):
+def _state_name(count: int) -> str:
+    return state_of(count).name
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCounts:
+    """How many blocks are in each state; the four always sum to ``num_blocks``.
+
+    Attributes:
+        free: zeroed, ready to hand out.
+        owned: held by at least one sequence.
+        cached: unreferenced, keyed, evictable.
+        dirty: waiting for zeroization (non-zero only after a zeroization failure).
+    """
+
+    free: int
+    owned: int
+    cached: int
+    dirty: int
+
+
+def _word_dtype(bytes_per_block: int) -> torch.dtype:
+    """Widest integer type whose size divides a block, for byte-exact clears and checks."""
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if bytes_per_block % dtype.itemsize == 0:
+            return dtype
+    return torch.uint8
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """What :meth:`BlockPool.revoke` did.
+
+    Attributes:
+        evicted: CACHED blocks evicted, zeroized and FREE now, in the order given.
+        detached: OWNED keyed blocks whose key left the index; they are zeroized when
+            their last reference is freed.
+    """
+
+    evicted: tuple[int, ...]
+    detached: tuple[int, ...]
+
+
+class BlockPool:
     """A fixed pool of KV blocks in one tensor, with refcounts, a prefix key index,
     priority/LRU eviction and batched zeroization.
 
@@ -102,6 +164,258 @@ class BlockPool(PoolErasure):
         InvalidSpec: ``spec`` is not a KVSpec, ``num_blocks`` not a positive int, or
             ``device`` not a device torch knows.
     """
+
+    def __init__(
+        self,
+        spec: KVSpec,
+        num_blocks: int,
+        device: str | torch.device = "cpu",
+        *,
+        verify: bool = False,
+    ) -> None:
+        if not isinstance(spec, KVSpec):
+            raise InvalidSpec("spec", spec, "must be an allocator.KVSpec")
+        num_blocks = positive_int("num_blocks", num_blocks)
+        dev = resolve_device(device)
+        self._spec = spec
+        self._num_blocks = num_blocks
+        self._bytes_per_block = spec.bytes_per_block
+        # torch.zeros: a fresh pool never exposes another allocation's bytes.
+        self._tensor = torch.zeros((num_blocks, *spec.block_shape), dtype=spec.dtype, device=dev)
+        self._device = self._tensor.device
+        self._device_name = str(self._device)
+        words = self._tensor.view(num_blocks, -1).view(torch.uint8)
+        self._words = words.view(_word_dtype(self._bytes_per_block))
+        self._zeroizer = make_zeroizer(self._words, verify)
+        self._meta = BlockTable.create(num_blocks)
+        # FREE stack; reversed so that a fresh pool hands out 0, 1, 2, ...
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._queue = EvictionQueue()
+        self._index: dict[bytes, int] = {}
+        self._dirty = 0
+        # OWNED blocks whose key was revoked: unkeyed, refuse a new key, zeroized on
+        # their last free. A set, because it is almost always empty.
+        self._detached: set[int] = set()
+        self._events: list[PoolEvent] = []
+        # Shown each batch of evicted blocks before it is zeroized (offload); usually None.
+        self._observer: EvictionObserver | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def spec(self) -> KVSpec:
+        """The KV layout of every block."""
+        return self._spec
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self._num_blocks
+
+    @property
+    def device(self) -> torch.device:
+        """The device the pool tensor lives on (with its index for CUDA)."""
+        return self._device
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block (``spec.bytes_per_block``)."""
+        return self._bytes_per_block
+
+    # ------------------------------------------------------------------ views
+
+    def block(self, block_id: int) -> torch.Tensor:
+        """Return the view of one block, to write KV into or read it from.
+
+        Args:
+            block_id: the block.
+
+        Returns:
+            A view ``[num_layers, 2, block_size, num_kv_heads, head_dim]`` sharing the
+            pool's memory.
+
+        Raises:
+            UnknownBlock: not a block id of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            self._id(block_id)
+            return self._tensor[block_id]
+
+    def layer_view(self, layer: int) -> torch.Tensor:
+        """Return one layer of every block, the shape a paged attention kernel reads.
+
+        Args:
+            layer: layer index, ``0 <= layer < spec.num_layers``.
+
+        Returns:
+            A strided view ``[num_blocks, 2, block_size, num_kv_heads, head_dim]``.
+
+        Raises:
+            InvalidSpec: ``layer`` is not a layer index.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            if type(layer) is not int or not 0 <= layer < self._spec.num_layers:
+                raise InvalidSpec(
+                    "layer", layer, f"must be an int in 0..{self._spec.num_layers - 1}"
+                )
+            return self._tensor[:, layer]
+
+    def set_eviction_observer(self, observer: EvictionObserver | None) -> None:
+        """Show every batch of evicted blocks to ``observer`` before zeroizing it.
+
+        See :mod:`kvgov.allocator.observer`. One observer at a time; None removes it.
+
+        Args:
+            observer: called with :class:`~kvgov.allocator.observer.EvictedBlocks`, or None.
+
+        Raises:
+            InvalidSpec: ``observer`` is neither callable nor None.
+        """
+        if observer is not None and not callable(observer):
+            raise InvalidSpec("observer", observer, "must be callable or None")
+        with self._lock:
+            self._observer = observer
+
+    # ------------------------------------------------------------------ introspection
+
+    def take_events(self) -> list[PoolEvent]:
+        """Return and clear the events emitted since the last call, oldest first.
+
+        Still works after :meth:`close`, so the closing evidence can be drained.
+
+        Returns:
+            The events.
+        """
+        with self._lock:
+            events = self._events
+            self._events = []
+            return events
+
+    def state(self, block_id: int) -> BlockState:
+        """Return a block's state.
+
+        Args:
+            block_id: the block.
+
+        Returns:
+            Its :class:`BlockState`.
+
+        Raises:
+            UnknownBlock: not a block id of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            self._id(block_id)
+            return state_of(self._meta.count[block_id])
+
+    def states(self, block_ids: Sequence[int]) -> list[BlockState]:
+        """Return the state of each block.
+
+        Args:
+            block_ids: the blocks.
+
+        Returns:
+            Their :class:`BlockState`, in the order given.
+
+        Raises:
+            UnknownBlock: an id is not a block of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            ids = list(block_ids)
+            self._ids(ids)
+            count = self._meta.count
+            return [state_of(count[b]) for b in ids]
+
+    def read_back_zero(self, block_ids: Sequence[int]) -> bool:
+        """Read blocks back and tell whether every byte is zero (erasure evidence).
+
+        Args:
+            block_ids: the blocks.
+
+        Returns:
+            True if all of them are all zero bytes.
+
+        Raises:
+            UnknownBlock: an id is not a block of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            ids = list(block_ids)
+            self._ids(ids)
+            words = self._words
+            return not any(bool(words[a:z].any()) for a, z in coalesce_runs(sorted(set(ids))))
+
+    def ref_count(self, block_id: int) -> int:
+        """Return how many references a block has (> 0 iff OWNED).
+
+        Args:
+            block_id: the block.
+
+        Returns:
+            The count.
+
+        Raises:
+            UnknownBlock: not a block id of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            self._id(block_id)
+            return max(self._meta.count[block_id], 0)
+
+    def key(self, block_id: int) -> bytes | None:
+        """Return a block's cache key, or None if it has none (or it was revoked).
+
+        Args:
+            block_id: the block.
+
+        Returns:
+            The key.
+
+        Raises:
+            UnknownBlock: not a block id of this pool.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            self._id(block_id)
+            return self._meta.key[block_id]
+
+    def counts(self) -> PoolCounts:
+        """Return how many blocks are in each state.
+
+        Returns:
+            The counts.
+
+        Raises:
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            free = len(self._free)
+            cached = len(self._queue)
+            dirty = self._dirty
+            return PoolCounts(
+                free=free,
+                owned=self._num_blocks - free - cached - dirty,
+                cached=cached,
+                dirty=dirty,
+            )
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
 
     # ------------------------------------------------------------------ hot paths
 
@@ -383,3 +697,355 @@ class BlockPool(PoolErasure):
             if out:
                 self._events.append(BlocksHit(tuple(out)))
             return out
+
+    # ------------------------------------------------------------------ erasure
+    # Blocks taken out of the cache on a caller's word rather than on allocation
+    # pressure: evict (retention expiry), revoke (purge, invalidation, secret
+    # rotation), zeroize (erasure evidence, retries).
+
+    def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
+        """Make blocks unreachable by key now (purge, invalidation, secret rotation).
+
+        CACHED blocks are evicted (key dropped, DIRTY, zeroized in one batch:
+        BlocksEvicted with ``reason``, then BlocksZeroized). OWNED keyed blocks
+        have their key removed from the index (no lookup finds them) and are
+        zeroized when their last reference is freed. Other blocks are ignored.
+
+        Args:
+            block_ids: blocks to revoke; repeats are ignored.
+            reason: why, recorded in BlocksEvicted (e.g. ``"purged"``, ``"invalidated"``,
+                ``"secret_rotated"``).
+
+        Returns:
+            Which blocks were evicted and which detached.
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a block of this pool.
+            ZeroizationError: an evicted block failed verification (it stays DIRTY).
+            PoolClosed: the pool was closed.
+        """
+        _check_reason(reason)
+        with self._lock:
+            self._open()
+            ids = list(block_ids)
+            self._ids(ids)
+            count = self._meta.count
+            keys = self._meta.key
+            detached: list[int] = []
+            for b in ids:
+                k = keys[b]
+                if count[b] > 0 and k is not None:
+                    del self._index[k]
+                    keys[b] = None
+                    self._detached.add(b)
+                    detached.append(b)
+            evicted = self._evict_cached(ids, reason)
+            return Revoked(evicted=tuple(evicted), detached=tuple(detached))
+
+    def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
+        """Evict the CACHED blocks among ``block_ids`` now (retention expiry, a caller's choice).
+
+        They lose their key, go DIRTY and are zeroized in one batch (BlocksEvicted
+        with ``reason``, then BlocksZeroized). Blocks in any other state, and
+        repeats, are ignored: a block hit since the caller chose it stays OWNED.
+
+        Args:
+            block_ids: candidate blocks.
+            reason: why, recorded in BlocksEvicted (e.g. ``"expired"``).
+
+        Returns:
+            The blocks evicted, in the order given (all zeroized and FREE now).
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a block of this pool (nothing is evicted).
+            ZeroizationError: an evicted block failed verification (it stays DIRTY).
+            PoolClosed: the pool was closed.
+        """
+        _check_reason(reason)
+        with self._lock:
+            self._open()
+            ids = list(block_ids)
+            self._ids(ids)
+            return self._evict_cached(ids, reason)
+
+    def _evict_cached(self, ids: list[int], reason: str) -> list[int]:
+        """Take the CACHED blocks among ``ids`` out of the queue, drop and zeroize them."""
+        count = self._meta.count
+        prio = self._meta.priority
+        remove = self._queue.remove
+        out: list[int] = []
+        for b in ids:
+            if count[b] == CACHED_CODE:
+                remove(b, prio[b])
+                count[b] = FREE_CODE  # see _zeroize; a repeat of b is skipped
+                out.append(b)
+        if out:
+            self._drop_cached(out, reason)
+        return out
+
+    def zeroize(self, block_ids: Iterable[int]) -> None:
+        """Zeroize DIRTY or FREE blocks now (erasure evidence, or a retry after a failure).
+
+        DIRTY blocks become FREE; FREE blocks are cleared again. One batch, one
+        BlocksZeroized event.
+
+        Args:
+            block_ids: DIRTY or FREE blocks; repeats are cleared once.
+
+        Raises:
+            UnknownBlock: an id is not a block of this pool.
+            BlockStateError: a block is OWNED or CACHED (free or revoke it first).
+            ZeroizationError: a block failed verification; every block of the batch
+                is left DIRTY and will not be handed out.
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            ids = list(block_ids)
+            self._ids(ids)
+            count = self._meta.count
+            for b in ids:
+                if count[b] >= CACHED_CODE:
+                    raise BlockStateError(b, _state_name(count[b]), "zeroize")
+            uniq = list(set(ids))
+            if not uniq:
+                return
+            was_dirty = [b for b in uniq if count[b] == DIRTY_CODE]
+            if len(was_dirty) < len(uniq):
+                # FREE ones come off the free stack first: if clearing fails they
+                # must not be handed out.
+                was_free = set(uniq).difference(was_dirty)
+                self._free[:] = [b for b in self._free if b not in was_free]
+            for b in was_dirty:
+                count[b] = FREE_CODE  # see _zeroize
+            self._dirty -= len(was_dirty)
+            self._zeroize(uniq)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Zeroize the whole pool tensor, then release it.
+
+        PyTorch's caching allocator keeps freed device memory inside the process
+        and hands it to the next tensor, so the bytes are cleared before the
+        tensor is dropped. CACHED blocks are reported evicted (reason
+        ``"closed"``), then one BlocksZeroized covers every block. Views obtained
+        earlier with :meth:`block` keep the (now zero) storage alive until they
+        are dropped. Every later call except :meth:`take_events` and ``close``
+        (a no-op) raises PoolClosed.
+
+        Raises:
+            ZeroizationError: the pool read back non-zero (the pool is closed anyway).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._queue:
+                    order = self._queue.pop(len(self._queue))
+                    keys = self._meta.key
+                    self._events.append(
+                        BlocksEvicted(tuple(order), tuple(keys[b] or b"" for b in order), "closed")
+                    )
+                nb = self._num_blocks
+                seconds = self._zeroizer.zeroize([(0, nb)])
+                self._events.append(
+                    BlocksZeroized(
+                        tuple(range(nb)), nb * self._bytes_per_block, self._device_name, seconds
+                    )
+                )
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        """Drop every reference the pool holds to its tensor and metadata."""
+        empty = torch.empty(0, dtype=self._spec.dtype, device=self._device)
+        self._tensor = empty
+        self._words = empty.view(torch.uint8).view(1, 0)
+        self._zeroizer = make_zeroizer(self._words, False)
+        self._meta = BlockTable.create(0)
+        self._free = []
+        self._queue = EvictionQueue()
+        self._index = {}
+        self._dirty = 0
+        self._detached = set()
+        self._observer = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _open(self) -> None:
+        if self._closed:
+            raise PoolClosed()
+
+    def _id(self, b: object) -> None:
+        if type(b) is not int or not 0 <= b < self._num_blocks:
+            raise UnknownBlock(b, self._num_blocks)
+
+    def _ids(self, ids: list[int]) -> None:
+        nb = self._num_blocks
+        for b in ids:
+            if type(b) is not int or not 0 <= b < nb:
+                raise UnknownBlock(b, nb)
+
+    def _owned(self, ids: list[int], operation: str) -> list[int]:
+        """Return the count of each id (non-empty batch); raise unless all are OWNED ints.
+
+        The check is a few C-level passes over the batch; only a batch that fails
+        it is walked in Python to name the first offending id.
+        """
+        count = self._meta.count
+        try:
+            ok = set(map(type, ids)) == {int} and min(ids) >= 0
+            counts = list(map(count.__getitem__, ids)) if ok else []
+            ok = ok and min(counts) > 0
+        except IndexError:
+            ok = False
+        if not ok:
+            self._ids(ids)
+            for b in ids:
+                if count[b] <= 0:
+                    raise BlockStateError(b, _state_name(count[b]), operation)
+            raise InternalError("batch failed the OWNED check but no block is at fault")
+        return counts
+
+    def _cache(self, blocks: list[int]) -> None:
+        """Blocks whose count just reached CACHED_CODE: queue them, say so."""
+        self._queue.extend(blocks, self._meta.priority)
+        self._events.append(BlocksCached(tuple(blocks)))
+
+    def _drop_cached(self, blocks: list[int], reason: str, *, push: bool = True) -> list[int]:
+        """Blocks just taken out of the eviction queue: drop their keys, zeroize them
+        (see :meth:`_zeroize` for ``push`` and what is returned)."""
+        count = self._meta.count
+        keys = self._meta.key
+        index = self._index
+        found: list[bytes | None] = list(map(keys.__getitem__, blocks))
+        if None in found:
+            raise InternalError(f"CACHED block {blocks[found.index(None)]} has no key")
+        dropped: list[bytes] = found  # type: ignore[assignment]  # None excluded just above
+        for k in dropped:
+            del index[k]
+        for b in blocks:
+            keys[b] = None
+            count[b] = FREE_CODE  # see _zeroize
+        self._events.append(BlocksEvicted(tuple(blocks), tuple(dropped), reason))
+        observer = self._observer
+        if observer is not None:
+            try:
+                observer(EvictedBlocks(tuple(blocks), tuple(dropped), reason, self._tensor))
+            except BaseException:
+                self._zeroize(blocks)  # pushed: a failed observer leaves them FREE, never lost
+                raise
+        return self._zeroize(blocks, push=push)
+
+    def _zeroize(self, blocks: list[int], *, push: bool = True) -> list[int]:
+        """Clear distinct blocks that left every structure, then put them on the free stack.
+
+        The caller has already taken the blocks out of the key index and the
+        eviction queue and set their count to FREE_CODE (the state they are in
+        once this returns; nobody can observe the moment between, the lock is
+        held). If clearing fails in any way they are re-marked DIRTY and counted,
+        so they are never handed out, and the error propagates.
+
+        Returns the blocks ascending. ``push=False`` leaves them off the free stack:
+        only for an ``allocate`` that hands every one of them out in the same call.
+        """
+        ordered = sorted(blocks)
+        try:
+            seconds = self._zeroizer.zeroize(coalesce_runs(ordered))
+        except BaseException:
+            count = self._meta.count
+            for b in ordered:
+                count[b] = DIRTY_CODE
+            self._dirty += len(ordered)
+            raise
+        if push:
+            # Pushed descending so the next allocate hands them out ascending.
+            self._free.extend(reversed(ordered))
+        self._events.append(
+            BlocksZeroized(
+                tuple(ordered), len(ordered) * self._bytes_per_block, self._device_name, seconds
+            )
+        )
+        return ordered
+
+    def _check_invariants(self, *, check_zero: bool = False) -> None:
+        """Check every invariant in the class docstring; raise InternalError on the first broken.
+
+        Args:
+            check_zero: also read every FREE block back and check it is all zero (slow).
+
+        Raises:
+            InternalError: an invariant does not hold (a bug in kvgov).
+            PoolClosed: the pool was closed.
+        """
+        with self._lock:
+            self._open()
+            nb = self._num_blocks
+            meta = self._meta
+            count = meta.count
+            keys = meta.key
+
+            def broken(what: str) -> InternalError:
+                return InternalError(f"pool invariant broken: {what}")
+
+            if not (len(count) == len(keys) == len(meta.priority) == nb):
+                raise broken("metadata arrays differ in length from num_blocks")
+            if min(count) < DIRTY_CODE:
+                raise broken("a block has an unknown count code")
+            n_free = count.count(FREE_CODE)
+            n_cached = count.count(CACHED_CODE)
+            n_dirty = count.count(DIRTY_CODE)
+            n_owned = sum(1 for c in count if c > 0)
+            if n_free + n_owned + n_cached + n_dirty != nb:
+                raise broken("state counts do not sum to num_blocks")
+            free = self._free
+            if len(free) != n_free or len(set(free)) != len(free):
+                raise broken(f"free stack holds {len(free)} ids for {n_free} FREE blocks")
+            for b in free:
+                if count[b] != FREE_CODE:
+                    raise broken(f"block {b} is on the free stack but {_state_name(count[b])}")
+            if len(self._queue) != n_cached:
+                raise broken(f"eviction queue holds {len(self._queue)} for {n_cached} CACHED")
+            queued: set[int] = set()
+            for p, level in self._queue.levels().items():
+                if not level:
+                    raise broken(f"empty eviction level {p}")
+                for b in level:
+                    if count[b] != CACHED_CODE or meta.priority[b] != p or b in queued:
+                        raise broken(f"block {b} queued at priority {p} wrongly")
+                    queued.add(b)
+            if len(queued) != n_cached:
+                raise broken("eviction queue does not hold exactly the CACHED blocks")
+            if self._dirty != n_dirty:
+                raise broken(f"dirty counter {self._dirty} but {n_dirty} DIRTY blocks")
+            index = self._index
+            for b in range(nb):
+                c = count[b]
+                k = keys[b]
+                if k is not None and (c < CACHED_CODE or index.get(k) != b):
+                    raise broken(f"block {b} holds a key but is {_state_name(c)} or unindexed")
+                if c == CACHED_CODE and k is None:
+                    raise broken(f"CACHED block {b} has no key")
+                if meta.priority[b] > MAX_PRIORITY:
+                    raise broken(f"block {b} has priority {meta.priority[b]}")
+            for b in self._detached:
+                if count[b] <= 0 or keys[b] is not None:
+                    raise broken(f"detached block {b} is {_state_name(count[b])} or keyed")
+            for k, b in index.items():
+                if keys[b] != k or count[b] < CACHED_CODE:
+                    raise broken(f"key index maps to block {b} which does not hold that key")
+            if check_zero and free:
+                words = self._words
+                for a, z in coalesce_runs(sorted(free)):
+                    if bool(words[a:z].any()):
+                        raise broken(f"a FREE block in {a}..{z - 1} holds non-zero bytes")
+
+
+def _check_reason(reason: object) -> None:
+    """Refuse an eviction reason that is not a non-empty string (nothing changed yet)."""
+    if not isinstance(reason, str) or not reason:
+        raise InvalidSpec("reason", reason, "must be a non-empty string")

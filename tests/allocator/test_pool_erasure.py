@@ -1,4 +1,4 @@
-"""Tests for allocator.pool_erasure: evict, revoke, zeroize, remanence and close."""
+"""Tests for BlockPool's erasure: evict, revoke, zeroize, remanence and close."""
 
 from __future__ import annotations
 
