@@ -22,7 +22,7 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -277,26 +277,38 @@ def gap_event(previous: RunMarker, last_stored_seq: int) -> AuditEvent:
     )
 
 
-def quarantine_gap_event(refusals: list[Refusal], damaged: int, quarantine: Path) -> AuditEvent:
+def quarantine_gap_event(
+    refusals: list[Refusal], damaged: int, quarantine: Path, breaks: Sequence[str] = ()
+) -> AuditEvent:
     """The ``audit_gap`` event a writer records when it quarantines records.
 
     Args:
-        refusals: the records the database refused.
+        refusals: the records the database refused, or whose spool seal failed.
         damaged: spool lines that did not parse, quarantined too.
         quarantine: the quarantine file.
+        breaks: where a replayed spool lacks sealed batches or does not continue the
+            chain (each a sentence).
 
     Returns:
-        The event (``details``: ``seqs`` of the refused events, at most 100, the number
-        of ``records``, the first ``reason``, the ``quarantine`` file).
+        The event (``details``: ``cause`` ``"quarantined"``, or ``"spool_incomplete"``
+        when nothing was quarantined but batches are missing; ``seqs`` of the refused
+        events, at most 100, the number of ``records``, the first ``reason``, the
+        ``quarantine`` file, and the ``spool_breaks``, at most 20, when there are some).
     """
     seqs = sorted(int(r.record[1]) for r in refusals if isinstance(r.record, tuple))
+    if refusals:
+        reason = refusals[0].reason
+    else:
+        reason = "spool line does not parse" if damaged else (breaks[0] if breaks else "")
     details: dict[str, Any] = {
-        "cause": "quarantined",
+        "cause": "quarantined" if refusals or damaged else "spool_incomplete",
         "seqs": seqs[:100],
         "records": len(refusals) + damaged,
-        "reason": (refusals[0].reason if refusals else "spool line does not parse")[:500],
+        "reason": reason[:500],
         "quarantine": str(quarantine),
     }
+    if breaks:
+        details["spool_breaks"] = [b[:200] for b in breaks[:20]]
     try:
         return AuditEvent(EventType.AUDIT_GAP, details=details)
     except InvalidAuditEvent:  # a reason text the store could not hold

@@ -54,6 +54,7 @@ _SQLITE_CHUNKS: Final = (1024, 128, 16, 1)
 _SQLITE_ROW: Final = f"({', '.join('?' * len(EVENT_INSERT_COLUMNS))})"
 _SQLITE_SQL: dict[int, str] = {}
 _HASH: Final = EVENT_INSERT_COLUMNS.index("hash")
+_PREV: Final = EVENT_INSERT_COLUMNS.index("prev_hash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +275,26 @@ def _split(
     return keys, events, cps
 
 
+def _breaks(conn: Connection, stream: str, after: int, events: Sequence[EventRecord]) -> list[str]:
+    """Where replayed events do not continue the database's chain head, or each other."""
+    head = conn.execute(
+        select(AuditEventRow.hash).where(AuditEventRow.stream == stream, AuditEventRow.seq == after)
+    ).scalar()
+    seq, prev = max(after, 0), GENESIS_HASH if head is None else bytes(head)
+    out: list[str] = []
+    for r in events:
+        if int(r[1]) != seq + 1 or bytes(r[_PREV]) != prev:
+            out.append(f"spooled event seq {r[1]} does not continue the chain at seq {seq}")
+        seq, prev = int(r[1]), bytes(r[_HASH])
+    return out[:20]
+
+
 def due_records(
     conn: Connection,
     stream: str,
     replay: SpoolContents | None,
     records: Iterable[Record],
+    notes: list[str] | None = None,
 ) -> list[Record]:
     """What one pass writes: the spool's records the database lacks, then the new ones.
 
@@ -287,6 +303,8 @@ def due_records(
         stream: the stream.
         replay: the spool being replayed, or None.
         records: records sealed since the last pass.
+        notes: where to say which replayed events do not continue the database's
+            chain head (or the event before them), or None.
 
     Returns:
         Keys, then events in ``seq`` order, then checkpoints; each event and
@@ -298,6 +316,8 @@ def due_records(
         cp_after = last_seq(conn, AuditCheckpoint, stream)
         by_seq = {int(r[1]): r for r in chain(replay.events, events) if int(r[1]) > after}
         events = [by_seq[s] for s in sorted(by_seq)]
+        if notes is not None and replay.events:
+            notes.extend(_breaks(conn, stream, after, events))
         cp_by_seq = {c.seq: c for c in chain(replay.checkpoints, cps) if c.seq > cp_after}
         cps = [cp_by_seq[s] for s in sorted(cp_by_seq)]
         keys = list({k.key_id: k for k in chain(replay.keys, keys)}.values())
@@ -309,6 +329,7 @@ def store_records(
     stream: str,
     replay: SpoolContents | None,
     records: Sequence[Record],
+    notes: list[str] | None = None,
 ) -> list[Refusal]:
     """Write one pass's records; isolate and return the ones the database refuses.
 
@@ -318,6 +339,8 @@ def store_records(
         replay: the spool to replay first (its records the database already holds
             are skipped), or None.
         records: records sealed since the last pass.
+        notes: where to say which replayed events do not continue the chain (see
+            :func:`due_records`), or None.
 
     Returns:
         The refused records (everything else is stored).
@@ -327,7 +350,7 @@ def store_records(
             timed out, lacks the schema, denies permission): nothing was stored.
     """
     with engine.connect() as conn:
-        due = due_records(conn, stream, replay, records)
+        due = due_records(conn, stream, replay, records, notes)
         conn.rollback()  # end the read's implicit transaction
         if not due:
             return []
@@ -363,7 +386,9 @@ def load_head(engine: Engine, stream: str, spool: Spool) -> Head:
     Args:
         engine: the audit engine.
         stream: the stream.
-        spool: the stream's spool (its records count as written).
+        spool: the stream's spool (its records count as written; read with the
+            writer's key, the hash is that of the last authentic event, the ``seq``
+            past any rejected one).
 
     Returns:
         The head.
@@ -383,4 +408,7 @@ def load_head(engine: Engine, stream: str, spool: Spool) -> Head:
         if spooled:
             seq, head = int(spooled[-1][1]), ChainHash(bytes(spooled[-1][-1]))
         last_cp = max([last_cp, *(c.seq for c in contents.checkpoints)])
+        # seqs of rejected (quarantined) events stay a hole, and the chain goes on from
+        # the last authentic event: it never links to what failed authentication
+        seq = max(seq, contents.rejected_seq)
     return Head(seq, head, last_cp)

@@ -17,6 +17,22 @@ Line formats (one JSON object per line, ``\\n``-terminated; a last line without
      "signature": "<hex>", "key_id": ..., "time_us": ...}
     {"kind": "key", "key_id": ..., "algorithm": "ed25519", "public_key": "<hex>",
      "origin": ..., "stream": ..., "time_us": ...}
+    {"kind": "seal", "stream": ..., "prev": "<hex>", "digest": "<hex>", "key_id": ...,
+     "signature": "<hex>"}
+
+**Seals.** A spool written by a writer with a signing key ends every batch (one
+:meth:`Spool.append`) with a ``seal`` line: an Ed25519 signature by the writer's key
+over :func:`seal_message`, i.e. the stream, the signature of the batch's previous seal
+in the file (``prev``, empty for the first batch) and the SHA-256 of the batch's
+lines as written. So a line edited, reordered, inserted or removed, a batch removed
+from the front or the middle, or batches reordered, is detected by whoever holds
+the public key; what is not detected is the loss of whole batches at the end of the
+file, or of the whole file. :meth:`Spool.read` with a ``key`` checks the seals and
+returns what fails in :attr:`SpoolContents.rejected` (to quarantine) and
+:attr:`SpoolContents.breaks` (batches missing): a writer whose key is configured
+rejects every batch not sealed by that key; one with an ephemeral key (no key
+configured, an unsigned trail) checks the seals of its own key and accepts the rest
+unauthenticated, as it would accept an unsigned database.
 
 An event line keeps its chain format: ``block_ids`` and ``details`` are read back into
 the JSON text that format hashes (``kvgov.audit.chain.FORMATS``), and a line without
@@ -43,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -55,6 +72,7 @@ from sqlalchemy.engine import URL
 
 from kvgov.audit.chain import FORMATS
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
+from kvgov.audit.signing import SigningKey, public_key_from_raw, verify_signature
 
 __all__ = [
     "CheckpointRecord",
@@ -66,6 +84,7 @@ __all__ = [
     "SpoolContents",
     "default_spool_path",
     "quarantine_path",
+    "seal_message",
 ]
 
 #: A sealed event in ``EVENT_INSERT_COLUMNS`` order; block_ids and details as canonical
@@ -124,12 +143,23 @@ class SpoolContents:
         checkpoints: checkpoints.
         keys: recorded keys.
         damaged: complete lines that do not parse (disk damage, a foreign edit), as text.
+        rejected: records of batches whose seal fails (read with a key), with why:
+            they are not replayed but quarantined.
+        breaks: where sealed batches are missing before an authentic one (read with a
+            key), one sentence each.
     """
 
     events: tuple[EventRecord, ...]
     checkpoints: tuple[CheckpointRecord, ...]
     keys: tuple[KeyRecord, ...]
     damaged: tuple[str, ...] = ()
+    rejected: tuple[tuple[EventRecord | CheckpointRecord | KeyRecord, str], ...] = ()
+    breaks: tuple[str, ...] = ()
+
+    @property
+    def rejected_seq(self) -> int:
+        """The highest event ``seq`` among the rejected records (0 when none)."""
+        return max((int(r[1]) for r, _ in self.rejected if isinstance(r, tuple)), default=0)
 
     @property
     def last_seq(self) -> int:
@@ -237,15 +267,143 @@ def _line(record: EventRecord | CheckpointRecord | KeyRecord, **extra: Any) -> s
     return json.dumps(d, sort_keys=True)
 
 
+_SEAL_TAG = b"kvgov-spool-batch-1\n"
+
+
+def seal_message(stream: str, prev: bytes, digest: bytes) -> bytes:
+    """The bytes a spool batch's seal signs.
+
+    Layout: ``b"kvgov-spool-batch-1\\n"`` || uint16 big-endian length of the stream id
+    || stream id (UTF-8) || uint16 length of ``prev`` || ``prev`` || 32-byte digest.
+
+    Args:
+        stream: the stream id.
+        prev: the signature of the previous seal in the file (empty for the first).
+        digest: SHA-256 of the batch's lines, each ``\\n``-terminated, as written.
+
+    Returns:
+        The message.
+    """
+    sid = stream.encode("utf-8")
+    return (
+        _SEAL_TAG + len(sid).to_bytes(2, "big") + sid + len(prev).to_bytes(2, "big") + prev
+        + digest
+    )  # fmt: skip
+
+
+def _digest(lines: Sequence[str]) -> bytes:
+    return hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).digest()
+
+
+def _last_seal(lines: Sequence[str]) -> bytes:
+    """The signature of the last seal line among ``lines`` (empty when none)."""
+    for line in reversed(lines):
+        parsed = _parse(line)
+        if parsed is not None and parsed[0] == "seal":
+            try:
+                return bytes.fromhex(parsed[1]["signature"])
+            except (KeyError, TypeError, ValueError):
+                return b""
+    return b""
+
+
+class _Reader:
+    """Sorts a spool's lines into accepted, rejected and damaged records."""
+
+    def __init__(self, key: SigningKey | None, stream: str) -> None:
+        self.key, self.stream = key, stream
+        self.required = key is not None and key.origin == "configured"
+        self.events: list[EventRecord] = []
+        self.cps: list[CheckpointRecord] = []
+        self.keys: list[KeyRecord] = []
+        self.damaged: list[str] = []
+        self.rejected: list[tuple[EventRecord | CheckpointRecord | KeyRecord, str]] = []
+        self.breaks: list[str] = []
+        self.last_sig = b""  # the previous seal line's signature, as written
+
+    def take(self, lines: Sequence[str], why: str | None) -> None:
+        """Accept ``lines`` (``why`` None) or reject them for ``why``."""
+        for line in lines:
+            parsed = _parse(line)
+            if parsed is None or parsed[0] not in ("event", "checkpoint", "key"):
+                self.damaged.append(line)
+            elif why is not None:
+                self.rejected.append((parsed[1], why))
+            elif parsed[0] == "event":
+                self.events.append(parsed[1])
+            elif parsed[0] == "checkpoint":
+                self.cps.append(parsed[1])
+            else:
+                self.keys.append(parsed[1])
+
+    def unsealed(self, lines: Sequence[str]) -> None:
+        """Lines no seal covers: a write cut short by a crash, an insertion, an old spool."""
+        if lines:
+            self.take(lines, "spool lines not covered by a seal" if self.required else None)
+
+    def check(self, seal: dict[str, Any], batch: Sequence[str]) -> str | None:
+        """Why a sealed batch is not authentic for this writer, or None."""
+        key = self.key
+        assert key is not None
+        try:
+            stream, key_id = str(seal["stream"]), str(seal["key_id"])
+            prev, sig = bytes.fromhex(seal["prev"]), bytes.fromhex(seal["signature"])
+            digest = bytes.fromhex(seal["digest"])
+        except (KeyError, TypeError, ValueError):
+            return "spool seal does not parse"
+        if stream != self.stream:
+            return f"spool batch sealed for stream {stream!r}, not {self.stream!r}"
+        if key_id != key.key_id:
+            if not self.required:
+                return None  # unauthenticated: another process's ephemeral key
+            return f"spool batch sealed by key {key_id}, not by this writer's key {key.key_id}"
+        if digest != _digest(batch):
+            return "spool batch does not match its seal (lines edited, added or removed)"
+        pub = public_key_from_raw(key.public_raw)
+        if not verify_signature(pub, sig, seal_message(stream, prev, digest)):
+            return "spool seal signature does not verify"
+        if prev != self.last_sig:
+            first = next((_parse(line) for line in batch), None)
+            where = f"seq {first[1][1]}" if first is not None and first[0] == "event" else "it"
+            self.breaks.append(f"sealed spool batches are missing or reordered before {where}")
+        return None
+
+    def seal(self, seal: dict[str, Any], pending: list[str]) -> None:
+        """A seal line closes a batch: the ``lines`` lines just before it."""
+        n = seal.get("lines")
+        if type(n) is not int or not 0 < n <= len(pending):
+            self.unsealed(pending)
+        else:
+            self.unsealed(pending[:-n])
+            self.take(pending[-n:], self.check(seal, pending[-n:]))
+        sig = seal.get("signature")
+        self.last_sig = bytes.fromhex(sig) if isinstance(sig, str) and _is_hex(sig) else b""
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
 class Spool:
     """One stream's append-only spool file.
 
     Args:
         path: the JSON Lines file (created on first write, with its directory).
+        key: the writer's signing key: each batch appended ends with a seal signed by
+            it, and :meth:`read` checks the seals (see the module docstring). None (a
+            reader such as ``kvgov audit status``) writes no seals and checks none.
+        stream: the stream the seals name (needed with ``key``).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, key: SigningKey | None = None, stream: str = "") -> None:
         self.path = path
+        self._key = key
+        self._stream = stream
+        self._prev: bytes | None = None  # the last seal's signature, once known
 
     def exists(self) -> bool:
         """Whether the spool holds anything to replay.
@@ -275,7 +433,7 @@ class Spool:
         checkpoints: Sequence[CheckpointRecord] = (),
         keys: Sequence[KeyRecord] = (),
     ) -> None:
-        """Append records and fsync them.
+        """Append records (and, with a key, their seal) and fsync them.
 
         Args:
             events: sealed events, in chain order.
@@ -286,33 +444,55 @@ class Spool:
             OSError: the file cannot be written (the caller reports ``AuditUnavailable``).
         """
         records: list[EventRecord | CheckpointRecord | KeyRecord] = [*keys, *events, *checkpoints]
-        _append_lines(self.path, [_line(r) for r in records])
+        lines = [_line(r) for r in records]
+        sig = b""
+        if self._key is not None and lines:
+            if self._prev is None:  # a file left by another writer: chain on from its end
+                self._prev = _last_seal(_read_lines(self.path))
+            digest = _digest(lines)
+            sig = self._key.sign(seal_message(self._stream, self._prev, digest))
+            seal = {"kind": "seal", "stream": self._stream, "prev": self._prev.hex(),
+                    "digest": digest.hex(), "lines": len(lines), "key_id": self._key.key_id,
+                    "signature": sig.hex()}  # fmt: skip
+            lines.append(json.dumps(seal, sort_keys=True))
+        _append_lines(self.path, lines)
+        if sig:
+            self._prev = sig
 
     def read(self) -> SpoolContents:
         """Read everything spooled, skipping a torn last line and keeping damaged ones apart.
 
+        With a key, batches whose seal fails are returned in ``rejected`` and missing
+        batches in ``breaks`` (see the module docstring).
+
         Returns:
             The records, in write order.
         """
-        events: list[EventRecord] = []
-        cps: list[CheckpointRecord] = []
-        keys: list[KeyRecord] = []
-        damaged: list[str] = []
+        reader = _Reader(self._key, self._stream)
+        pending: list[str] = []
         for line in _read_lines(self.path):
             parsed = _parse(line)
-            if parsed is None or parsed[0] not in ("event", "checkpoint", "key"):
-                damaged.append(line)
-            elif parsed[0] == "event":
-                events.append(parsed[1])
-            elif parsed[0] == "checkpoint":
-                cps.append(parsed[1])
+            if parsed is not None and parsed[0] == "seal":
+                if self._key is not None:
+                    reader.seal(parsed[1], pending)
+                else:
+                    reader.take(pending, None)
+                pending = []
             else:
-                keys.append(parsed[1])
-        return SpoolContents(tuple(events), tuple(cps), tuple(keys), tuple(damaged))
+                pending.append(line)
+        if self._key is not None:
+            reader.unsealed(pending)
+        else:
+            reader.take(pending, None)
+        return SpoolContents(
+            tuple(reader.events), tuple(reader.cps), tuple(reader.keys), tuple(reader.damaged),
+            tuple(reader.rejected), tuple(reader.breaks),
+        )  # fmt: skip
 
     def remove(self) -> None:
         """Delete the spool after its records reached the database."""
         self.path.unlink(missing_ok=True)
+        self._prev = b""
 
 
 def default_spool_path(url: URL, stream: str) -> Path:

@@ -188,7 +188,7 @@ class AuditLog:
         loaded = load_signing_key(signing_key)
         self._key = loaded if loaded is not None else SigningKey.ephemeral()
         path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
-        spool = Spool(path)
+        spool = Spool(path, self._key, stream)  # seals each spooled batch with the key
         self._marker = marker_path(path)
         timeout = positive_seconds("statement_timeout", statement_timeout)
         try:
@@ -211,6 +211,9 @@ class AuditLog:
         self._wake = threading.Event()
         self._stop = False
         self._closed = False
+        #: close() gave up on a database call in flight and spooled everything: the
+        #: spool belongs to the next writer of the stream, this thread touches nothing more
+        self._handed_over = False
         self._keeper_stop = threading.Event()
         self._db_backoff = Backoff(retry_seconds, DB_RETRY_MAX_SECONDS)
         self._db_since: float | None = None  # monotonic start of the call in flight
@@ -391,6 +394,7 @@ class AuditLog:
             why = self._wait_locked(lambda: not self._thread.is_alive(), poll=0.01, hang=True)
             if self._thread.is_alive():  # stuck in a database call: spool the rest
                 self._spool_now_locked(why or "the audit database did not answer (close)", True)
+                self._handed_over = True  # the thread stops when its call returns
         self._keeper_stop.set()
         self._keeper.join()
         if not self._thread.is_alive():
@@ -507,6 +511,9 @@ class AuditLog:
                 pass  # kept in self._out.unavailable; the events stay pending
             except Exception:  # a bug: say so, keep writing
                 _log.exception("audit writer pass failed")
+            if self._handed_over:  # close() returned: its spool is the next writer's
+                self._engine.dispose()
+                return
             if final:
                 return
 
@@ -544,6 +551,8 @@ class AuditLog:
         """Seal and persist a batch; more only while full ones wait (no back-to-back commits)."""
         while True:
             with self._cv:
+                if self._handed_over:
+                    return
                 self._seal_from_queue_locked(self._batch_size, final)
                 snap = self._out.snapshot()
             if snap is not None:
@@ -555,6 +564,7 @@ class AuditLog:
         """Write a snapshot to the database (without ``cv``), or spool it."""
         refusals: list[Refusal] | None = None
         replay: SpoolContents | None = None
+        notes: list[str] = []  # where the replay does not continue the chain
         now = time.monotonic()
         if self._db_backoff.ready(now):
             with self._cv:  # waiters re-time their wait: this call may hang
@@ -562,7 +572,7 @@ class AuditLog:
                 self._cv.notify_all()
             try:
                 replay = self._out.spool.read() if snap.replay else None
-                refusals = store_records(self._engine, self._stream, replay, snap.records)
+                refusals = store_records(self._engine, self._stream, replay, snap.records, notes)
                 self._db_backoff.succeeded()
             except Exception as exc:  # unreachable, timed out, no schema, no permission
                 self._db_backoff.failed()
@@ -572,20 +582,26 @@ class AuditLog:
                 self._db_since = None
         with self._cv:
             try:
+                if self._handed_over:  # the call outlived close(): leave outbox and spool be
+                    return
                 if refusals is not None:
                     self._db_error = None
                     damaged = len(replay.damaged) if replay is not None else 0
-                    if self._out.stored(snap, replay, refusals) and (refusals or damaged):
-                        self._enqueue_gap_locked(refusals, damaged)
+                    if replay is not None:  # failed authentication: quarantined, reported
+                        refusals += [Refusal(r, why) for r, why in replay.rejected]
+                        notes = [*replay.breaks, *notes]
+                    if self._out.stored(snap, replay, refusals) and (refusals or damaged or notes):
+                        self._enqueue_gap_locked(refusals, damaged, notes)
                 else:
                     self._out.spool_pending(self._db_error or "database: unavailable")
             finally:
                 self._persists += 1
                 self._cv.notify_all()
 
-    def _enqueue_gap_locked(self, refusals: list[Refusal], damaged: int) -> None:
-        """Queue an ``audit_gap`` event naming records kept in the quarantine, not the store."""
-        event = quarantine_gap_event(refusals, damaged, self._out.quarantine.path)
+    def _enqueue_gap_locked(self, refusals: list[Refusal], damaged: int, notes: list[str]) -> None:
+        """Queue an ``audit_gap`` event naming records kept in the quarantine, not the store,
+        and spool batches found missing."""
+        event = quarantine_gap_event(refusals, damaged, self._out.quarantine.path, notes)
         with self._lock:  # even when closed: the pass in progress seals it
             seq = self._next_seq
             self._next_seq = seq + 1

@@ -375,3 +375,58 @@ def test_a_busy_caller_gets_one_commit_per_interval_not_one_per_handful(
     assert _count(db_url) == 500 and verify(db_url).ok
     # passes at most once per interval, plus the flush (and the close) that woke it
     assert len(calls) <= elapsed / writer_mod.WRITER_INTERVAL_SECONDS + 4, (len(calls), elapsed)
+
+
+def test_a_closed_writer_whose_database_call_hung_leaves_the_spool_to_the_next(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: close() under a hung database call hands the spool over; when the call
+    returns, the closed writer's thread makes no database call and does not replay or
+    remove the spool of a new writer of the same worker id in the same process."""
+    real = writer_mod.store_records
+    hold, hung, release, down = (threading.Event() for _ in range(4))
+    old: dict[str, threading.Thread] = {}
+    after_close: list[str] = []
+
+    def store(*args: object, **kwargs: object) -> object:
+        me = threading.current_thread()
+        if me is old.get("thread"):
+            if hold.is_set() and not hung.is_set():
+                hung.set()
+                release.wait(30)  # a database call that has not returned
+            elif hung.is_set():
+                after_close.append(me.name)
+        elif down.is_set() and me is not threading.main_thread():
+            raise OSError("database down (test)")  # the new writer's thread: it spools
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_mod, "store_records", store)
+    spool = tmp_path / "w1.spool.jsonl"
+    log = AuditLog(sqlite_url, "w1", spool_path=spool, max_queue_age=0.2, retry_seconds=0.0)
+    old["thread"] = log._thread
+    for i in range(3):
+        log.record(sample_event(i))
+    log.flush()
+    hold.set()
+    log.record(sample_event(3))
+    assert hung.wait(10)
+    log.close()  # gives up on the call in flight: the rest is spooled
+    assert log._thread.is_alive() and spool.exists()
+
+    log2 = AuditLog(sqlite_url, "w1", spool_path=spool, retry_seconds=0.0)
+    assert not spool.exists()  # replayed by the new writer at start
+    down.set()
+    assert log2.record_durable(sample_event(4)).evidence == "spooled"
+    assert spool.exists()
+    release.set()  # the closed writer's call returns now
+    log._thread.join(10)
+    assert not log._thread.is_alive()
+    assert after_close == []  # no database call after close() returned
+    assert spool.exists()  # the new writer's spool is still there, still its own
+    down.clear()
+    log2.close()
+    assert not spool.exists()
+    report = verify(sqlite_url)
+    assert report.ok, report
+    assert _count(sqlite_url, "type = 'audit_gap'") == 0
+    assert log2.stats().quarantined == 0
