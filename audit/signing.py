@@ -236,17 +236,19 @@ def load_signing_key(
     if text.lstrip().startswith("-----BEGIN"):
         return SigningKey.from_private_key(_load_private_pem(text.encode(), where), "configured")
     path = Path(text)
+    why = ""
     try:
         data = read_key_file(path)
     except KeyFileOpenToOthers as exc:
         raise SigningKeyError(f"key file {exc} (from {where})") from None
     except (OSError, ValueError) as exc:
-        # The text may be the key itself (quoted, base64 only, after a BOM): never shown.
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    if why:  # raised here, not in the handler: the OSError (naming the text) is not chained
+        # The text may be the key itself (quoted, base64 only, after a BOM): never shown.
         shown = f"key file {path}" if isinstance(source, os.PathLike) else where
         raise SigningKeyError(
             f"{shown} is not a PEM and not a readable file ({unshown(text)}): {why}"
-        ) from None
+        )
     return SigningKey.from_private_key(_load_private_pem(data, str(path)), "configured")
 
 

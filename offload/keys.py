@@ -156,17 +156,19 @@ class LocalKEK:
             KEKError: missing, unreadable, accessible by group or others, or malformed.
         """
         p = Path(path)
+        why = ""
         try:
             data = read_key_file(p)
         except KeyFileOpenToOthers as exc:
             raise KEKError(f"KEK file {exc}") from None
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        if why:  # raised here, not in the handler: the OSError (naming the path) is not chained
             if isinstance(path, os.PathLike):  # a path object, not text that may be the key
-                raise KEKError(f"cannot read KEK file {p}: {why}") from None
+                raise KEKError(f"cannot read KEK file {p}: {why}")
             raise KEKError(
                 f"cannot read the KEK file: not a readable file ({unshown(os.fspath(path))}): {why}"
-            ) from None
+            )
         if len(data) == KEK_BYTES:
             return cls(data)
         try:
