@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from kvgov.audit.chain import ChainHash
 from kvgov.defaults import SIGNING_KEY_ENV
 from kvgov.exceptions import SigningKeyError
+from kvgov.secrecy import KeyFileOpenToOthers, read_key_file, unshown
 
 __all__ = [
     "KeyFiles",
@@ -202,7 +203,9 @@ def load_signing_key(
 
     Looks at ``source`` first, then at the environment variable ``KVGOV_SIGNING_KEY``
     (:data:`kvgov.defaults.SIGNING_KEY_ENV`). A string is PEM text when it starts with
-    ``-----BEGIN``, otherwise a path to a PEM file.
+    ``-----BEGIN``, otherwise a path to a PEM file, which group and others must not be
+    able to access (mode 0600). No message ever shows the text of a value that is
+    neither a PEM nor a readable file: it may be the key itself.
 
     Args:
         source: a key object, PEM text or bytes, a path, or None.
@@ -212,7 +215,8 @@ def load_signing_key(
         The key (origin ``"configured"``), or None when none is configured.
 
     Raises:
-        SigningKeyError: the key cannot be read or is not an unencrypted Ed25519 key.
+        SigningKeyError: the key cannot be read, its file is open to group or others,
+            or it is not an unencrypted Ed25519 key.
     """
     if isinstance(source, SigningKey):
         return source
@@ -232,10 +236,19 @@ def load_signing_key(
     if text.lstrip().startswith("-----BEGIN"):
         return SigningKey.from_private_key(_load_private_pem(text.encode(), where), "configured")
     path = Path(text)
+    why = ""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SigningKeyError(f"cannot read key file {path} (from {where}): {exc}") from exc
+        data = read_key_file(path)
+    except KeyFileOpenToOthers as exc:
+        raise SigningKeyError(f"key file {exc} (from {where})") from None
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    if why:  # raised here, not in the handler: the OSError (naming the text) is not chained
+        # The text may be the key itself (quoted, base64 only, after a BOM): never shown.
+        shown = f"key file {path}" if isinstance(source, os.PathLike) else where
+        raise SigningKeyError(
+            f"{shown} is not a PEM and not a readable file ({unshown(text)}): {why}"
+        )
     return SigningKey.from_private_key(_load_private_pem(data, str(path)), "configured")
 
 

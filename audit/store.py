@@ -43,6 +43,7 @@ from kvgov.exceptions import (
     AuditSchemaError,
     InvalidAuditUrl,
 )
+from kvgov.secrecy import redact_url
 
 __all__ = [
     "DowngradePlan",
@@ -89,10 +90,12 @@ def normalize_url(url: str | URL) -> URL:
     """
     try:
         u = make_url(url)
-    except Exception as exc:  # sqlalchemy raises ArgumentError, ValueError or TypeError
-        raise InvalidAuditUrl(_redacted(url), _URL_FORM) from exc
+    except Exception:  # sqlalchemy raises ArgumentError, ValueError or TypeError
+        raise InvalidAuditUrl(redact_url(url), _URL_FORM) from None  # its text holds the URL
     if u.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
-        raise InvalidAuditUrl(u.render_as_string(hide_password=True), _URL_FORM)
+        raise InvalidAuditUrl(redact_url(url), _URL_FORM)
+    if "@" in (u.host or ""):  # "user:p@ss@host": the password's tail would be the host
+        raise InvalidAuditUrl(redact_url(url), "its password holds an unescaped @: write it as %40")
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
     return u
@@ -104,21 +107,22 @@ _URL_FORM = (
 )
 
 
-def _redacted(url: object) -> str:
-    """The text of an unparsable URL, with anything between ``://user:`` and ``@`` hidden."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
-
-
 def mask_url(url: str | URL) -> str:
-    """Render a URL with its password hidden, for messages.
+    """Render an audit URL with every password hidden, for messages, logs and files.
+
+    ``postgresql://`` is shown as ``postgresql+psycopg://`` (what is used); the
+    redaction is :func:`kvgov.secrecy.redact_url`'s. Never raises.
 
     Args:
         url: the URL.
 
     Returns:
-        The URL text with ``***`` for the password.
+        The URL text with ``***`` for each secret.
     """
-    return normalize_url(url).render_as_string(hide_password=True)
+    try:
+        return redact_url(normalize_url(url).render_as_string(hide_password=True))
+    except InvalidAuditUrl:
+        return redact_url(url)
 
 
 def require_database(url: str | URL) -> None:

@@ -47,6 +47,7 @@ from kvgov.offload import (
     Tier,
     WrappedKeyStore,
 )
+from kvgov.secrecy import redact_url
 
 from .offloading import Offloading
 from .sizes import parse_size
@@ -99,11 +100,13 @@ def parse_tier_url(url: str) -> Tier:
         InvalidOffloadArgument: the tier refuses an option (a bad name, a bad path).
     """
     if not isinstance(url, str):
-        raise InvalidArgument("tier", url, "a tier URL such as host://?capacity=8GiB")
+        raise InvalidArgument(
+            "tier", type(url).__name__, "a tier URL such as host://?capacity=8GiB"
+        )
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     if "capacity" not in options:
-        raise InvalidArgument("tier", url, "give its size: ...?capacity=8GiB")
+        raise InvalidArgument("tier", redact_url(url), "give its size: ...?capacity=8GiB")
     capacity = parse_size(options.pop("capacity"))
     scheme = parts.scheme.lower()
     tier: Tier
@@ -117,7 +120,9 @@ def parse_tier_url(url: str) -> Tier:
     elif scheme == "disk":
         path = parts.netloc + parts.path
         if not path:
-            raise InvalidArgument("tier", url, "name a directory: disk:///var/cache/kvgov?...")
+            raise InvalidArgument(
+                "tier", redact_url(url), "name a directory: disk:///var/cache/kvgov?..."
+            )
         tier = DiskTier(
             path,
             capacity,
@@ -133,10 +138,10 @@ def parse_tier_url(url: str) -> Tier:
         tier = RedisTier(rest, capacity, name=name, prefix=prefix, timeout=timeout)
     else:
         raise InvalidArgument(
-            "tier", url, "the scheme must be host://, disk://, redis:// or rediss://"
+            "tier", redact_url(url), "the scheme must be host://, disk://, redis:// or rediss://"
         )
     if options:
-        raise InvalidArgument("tier", url, f"unknown option(s) {sorted(options)}")
+        raise InvalidArgument("tier", redact_url(url), f"unknown option(s) {sorted(options)}")
     return tier
 
 

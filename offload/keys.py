@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kvgov.defaults import DATA_KEY_RECHECK_SECONDS, KEK_ENV, KEK_FILE_ENV
 from kvgov.exceptions import DataKeyDestroyed, InternalError, KEKError, ObjectMisbound
+from kvgov.secrecy import KeyFileOpenToOthers, read_key_file, unshown
 
 from .crypto import DataKey
 from .objects import KEY_ID_BYTES
@@ -149,17 +149,26 @@ class LocalKEK:
     def from_file(cls, path: str | os.PathLike[str]) -> LocalKEK:
         """A KEK from a file holding 32 raw bytes or 64 hex characters, readable by its owner only.
 
+        A path given as text that cannot be read is not shown (it may be the key itself),
+        only its length.
+
         Raises:
-            KEKError: missing, unreadable, readable by group or others, or malformed.
+            KEKError: missing, unreadable, accessible by group or others, or malformed.
         """
         p = Path(path)
+        why = ""
         try:
-            mode = p.stat().st_mode
-            data = p.read_bytes()
-        except OSError as exc:
-            raise KEKError(f"cannot read KEK file {p}: {exc.strerror or exc}") from None
-        if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KEKError(f"KEK file {p} is accessible by group or others; run: chmod 600 {p}")
+            data = read_key_file(p)
+        except KeyFileOpenToOthers as exc:
+            raise KEKError(f"KEK file {exc}") from None
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        if why:  # raised here, not in the handler: the OSError (naming the path) is not chained
+            if isinstance(path, os.PathLike):  # a path object, not text that may be the key
+                raise KEKError(f"cannot read KEK file {p}: {why}")
+            raise KEKError(
+                f"cannot read the KEK file: not a readable file ({unshown(os.fspath(path))}): {why}"
+            )
         if len(data) == KEK_BYTES:
             return cls(data)
         try:

@@ -33,6 +33,7 @@ from redis.retry import Retry
 
 from kvgov.defaults import REDIS_KEY_PREFIX, REDIS_TIMEOUT_SECONDS
 from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable
+from kvgov.secrecy import redact_url
 
 from .objects import ObjectInfo, SealedBlock, decode, encode
 from .tier import TierUsage, check_capacity, check_tier_name
@@ -163,7 +164,9 @@ class RedisTier:
         self._name = check_tier_name(name)
         self._capacity = check_capacity(capacity_bytes)
         if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidOffloadArgument("url", url, "must be a redis://, rediss:// or unix:// URL")
+            raise InvalidOffloadArgument(
+                "url", redact_url(url), "must be a redis://, rediss:// or unix:// URL"
+            )
         self._prefix = f"{prefix}:{{{name}}}"
         self._client: redis.Redis = redis.Redis.from_url(
             url,

@@ -71,6 +71,7 @@ from kvgov.policy.engine import (
     make_decision,
     normalize_path,
 )
+from kvgov.secrecy import redact_url
 
 __all__ = ["OpaServerEngine"]
 
@@ -135,9 +136,9 @@ class OpaServerEngine:
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PolicyError(f"OPA url {url!r} must look like http://host:port")
+            raise PolicyError(f"OPA url {redact_url(url)!r} must look like http://host:port")
         if parts.path not in ("", "/") or parts.query:
-            raise PolicyError(f"OPA url {url!r} must not carry a path or query")
+            raise PolicyError(f"OPA url {redact_url(url)!r} must not carry a path or query")
         self.url = url
         self._host = parts.hostname
         self._port = parts.port or (443 if parts.scheme == "https" else 8181)

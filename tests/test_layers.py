@@ -2,7 +2,7 @@
 
 The rule of DESIGN.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
 ``kvgov.audit`` and ``kvgov.offload`` import only themselves and the shared modules of
-``kvgov`` (exceptions, defaults, schema, retry, canonical); only ``kvgov.govern`` may
+``kvgov`` (exceptions, defaults, schema, retry, canonical, secrecy); only ``kvgov.govern`` may
 import the other layers.
 """
 
@@ -21,6 +21,7 @@ SHARED = {
     "kvgov.schema",
     "kvgov.retry",
     "kvgov.canonical",
+    "kvgov.secrecy",
 }
 LOWER = ("allocator", "policy", "audit", "offload")
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from kvgov import defaults
 from kvgov.exceptions import BindingConfigError
+from kvgov.secrecy import unshown
 
 __all__ = ["SETTINGS", "BindingSettings"]
 
@@ -188,5 +189,8 @@ def _read_secret(setting: str, path: str | None) -> bytes | None:
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise BindingConfigError(setting, path, f"cannot read it ({exc.strerror})") from None
+        # Not shown: a secret given where its file's path belongs would be printed.
+        raise BindingConfigError(
+            setting, f"<{unshown(path)}>", f"cannot read it as a file ({exc.strerror})"
+        ) from None
     return raw.rstrip(b"\r\n")

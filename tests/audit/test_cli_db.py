@@ -150,6 +150,7 @@ def test_the_migration_event_is_signed_with_the_writers_key(
     key = tmp_path / "writer.pem"
     writer = FIXTURE_KEY_PRIVATE
     key.write_bytes(writer.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    key.chmod(0o600)  # a key file open to group or others is refused
     pub = tmp_path / "writer.pem.pub"
     pub.write_bytes(
         writer.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
