@@ -341,7 +341,7 @@ def verify(
     """
     started = time.perf_counter()
     trusted = {key_id(k): k for k in public_keys} if public_keys is not None else None
-    engine = open_engine(url, auto_upgrade=False)
+    engine = open_engine(url, read_only=True)
     try:
         with engine.connect() as conn:
             recorded = {
