@@ -207,7 +207,7 @@ def current_cmd(url_arg: str | None, url: str | None) -> None:
     """Print the database's schema revision and the one this kvgov needs."""
     target = _db_url(url_arg, url)
     require_database(target)  # a mistyped SQLite path must not become an empty file
-    cur = current_revision(target)
+    cur = current_revision(target, read_only=True)
     head = head_revision()
     state = "up to date" if cur == head else "run `kvgov db upgrade`"
     click.echo(f"{mask_url(target)}: current {cur or 'none'}, head {head} ({state})")

@@ -233,7 +233,7 @@ class AuditQueries:
     """
 
     def __init__(self, url: str | URL) -> None:
-        self._engine = open_engine(url, auto_upgrade=False)
+        self._engine = open_engine(url, read_only=True)
 
     def close(self) -> None:
         """Release the database connections."""

@@ -23,10 +23,12 @@ from __future__ import annotations
 import functools
 import io
 import re
+import sqlite3
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from alembic import command
 from alembic.config import Config
@@ -41,6 +43,7 @@ from kvgov.exceptions import (
     AuditDowngradeRefused,
     AuditMigrationRefused,
     AuditSchemaError,
+    AuditWalIndexMissing,
     InvalidAuditUrl,
 )
 from kvgov.secrecy import redact_url
@@ -138,13 +141,57 @@ def require_database(url: str | URL) -> None:
         AuditDatabaseMissing: the SQLite file does not exist.
     """
     u = normalize_url(url)
+    name = _sqlite_file(u)
+    if name is not None and not Path(name).is_file():
+        raise AuditDatabaseMissing(mask_url(u), name)
+
+
+def _sqlite_file(u: URL) -> str | None:
+    """The file of a SQLite URL (None: not SQLite, or in memory)."""
     if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
-        return
+        return None
     name = str(u.database)
     if name.startswith("file:"):  # a SQLite URI (?uri=true): its path ends at the query
-        name = name.removeprefix("file:").split("?", 1)[0]
-    if not Path(name).is_file():
-        raise AuditDatabaseMissing(mask_url(u), name)
+        name = unquote(name.removeprefix("file:").split("?", 1)[0])
+    return name
+
+
+def _read_only_uri(path: str, url: str) -> str:
+    """The SQLite URI that reads ``path`` without writing a byte, chosen at each connect.
+
+    ``mode=ro`` alone is not enough in WAL mode: the reader still writes its read mark
+    into ``-shm``, and creates ``-wal`` and ``-shm`` when they are absent. So:
+
+    * ``-wal`` present (a writer is running, or died with committed pages in it):
+      ``readonly_shm=1`` opens ``-shm`` read-only too; SQLite then reads the log
+      through a private copy of the index and sees every committed event.
+    * ``-wal`` absent: no connection has the file open, every event is in the file
+      itself, which is read as ``immutable`` (no lock, no ``-wal``/``-shm`` created).
+    """
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if wal.exists():
+        if not shm.exists():
+            raise AuditWalIndexMissing(url, path)
+        query = "mode=ro&readonly_shm=1"
+    else:
+        query = "mode=ro&immutable=1"
+    return f"file:{quote(path)}?{query}"
+
+
+def _read_only_sqlite_engine(u: URL, busy_ms: int) -> Engine:
+    path = _sqlite_file(u)
+    if path is None:  # in memory: nothing on disk to keep unchanged
+        return create_engine(u, connect_args={"check_same_thread": False})
+    require_database(u)
+    masked = mask_url(u)
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(_read_only_uri(path, masked), uri=True, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+        conn.execute("PRAGMA query_only=1")
+        return conn
+
+    return create_engine("sqlite://", creator=connect)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any, *, busy_ms: int) -> None:
@@ -179,22 +226,32 @@ def pg_connect_args(statement_timeout: float | None = None) -> dict[str, Any]:
     }
 
 
-def create_audit_engine(url: str | URL, *, statement_timeout: float | None = None) -> Engine:
+def create_audit_engine(
+    url: str | URL, *, statement_timeout: float | None = None, read_only: bool = False
+) -> Engine:
     """Create an engine tuned for the audit store (no schema check).
 
     Args:
         url: the database URL.
         statement_timeout: seconds one statement may run (PostgreSQL) or wait for a
             lock (SQLite, at most ``SQLITE_BUSY_TIMEOUT_MS``); None: no statement limit.
+        read_only: a reader's engine: a SQLite file (which must exist) is opened so
+            that neither it nor its ``-wal``/``-shm`` files change or appear, and the
+            events committed to ``-wal`` are still seen.
 
     Returns:
         The engine.
+
+    Raises:
+        AuditDatabaseMissing: ``read_only`` and the SQLite file does not exist.
     """
     u = normalize_url(url)
     if u.get_backend_name() == "sqlite":
         busy_ms = SQLITE_BUSY_TIMEOUT_MS
         if statement_timeout is not None:
             busy_ms = min(busy_ms, max(1, round(statement_timeout * 1000)))
+        if read_only:
+            return _read_only_sqlite_engine(u, busy_ms)
         engine = create_engine(u, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms=busy_ms))
         return engine
@@ -234,16 +291,17 @@ def head_revision() -> str:
     return _HEAD[0]
 
 
-def current_revision(url: str | URL) -> str | None:
+def current_revision(url: str | URL, *, read_only: bool = False) -> str | None:
     """The revision a database is at.
 
     Args:
         url: the database URL.
+        read_only: read as a reader (see :func:`create_audit_engine`).
 
     Returns:
         The revision id, or None for a database without the schema.
     """
-    engine = create_audit_engine(url)
+    engine = create_audit_engine(url, read_only=read_only)
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
@@ -300,7 +358,11 @@ def _is_default_sqlite(u: URL) -> bool:
 
 
 def open_engine(
-    url: str | URL, *, auto_upgrade: bool | None = None, statement_timeout: float | None = None
+    url: str | URL,
+    *,
+    auto_upgrade: bool | None = None,
+    statement_timeout: float | None = None,
+    read_only: bool = False,
 ) -> Engine:
     """Create an engine for a database at the head revision, or refuse.
 
@@ -309,6 +371,9 @@ def open_engine(
         auto_upgrade: True upgrades any database; False never does; None (default)
             upgrades only an empty SQLite database and the default audit file.
         statement_timeout: passed to :func:`create_audit_engine`.
+        read_only: a reader's engine (implies ``auto_upgrade=False``): a SQLite file
+            and its ``-wal``/``-shm`` stay byte for byte as they were (see
+            :func:`create_audit_engine`).
 
     Returns:
         The engine (dispose it when done).
@@ -320,9 +385,11 @@ def open_engine(
             exist (it is not created).
     """
     u = normalize_url(url)
+    if read_only:
+        auto_upgrade = False
     if auto_upgrade is False:
         require_database(u)
-    engine = create_audit_engine(u, statement_timeout=statement_timeout)
+    engine = create_audit_engine(u, statement_timeout=statement_timeout, read_only=read_only)
     try:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()

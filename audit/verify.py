@@ -52,6 +52,7 @@ from kvgov.audit.models import EVENT_INSERT_COLUMNS, AuditCheckpoint, AuditEvent
 from kvgov.audit.signing import checkpoint_message, key_id, public_key_from_raw, verify_signature
 from kvgov.audit.store import open_engine
 from kvgov.defaults import VERIFY_MAX_UNSIGNED_EVENTS, VERIFY_MAX_UNSIGNED_SECONDS
+from kvgov.exceptions import SigningKeyError
 
 __all__ = ["Problem", "StreamReport", "VerifyReport", "verify"]
 
@@ -83,7 +84,7 @@ class Problem:
     Attributes:
         stream: the stream.
         seq: the event (or checkpoint) sequence number where it shows.
-        kind: ``hash_mismatch``, ``unknown_format``, ``broken_link``, ``seq_gap``,
+        kind: ``hash_mismatch``, ``unknown_format``, ``wrong_type``, ``broken_link``, ``seq_gap``,
             ``seq_order``, ``checkpoint_mismatch``, ``checkpoint_beyond_end``, ``bad_signature``,
             ``unknown_key``, ``untrusted_key``; with ``require_checkpoints``
             ``no_checkpoint`` or ``unsigned_tail``; with ``expected``
@@ -341,7 +342,7 @@ def verify(
     """
     started = time.perf_counter()
     trusted = {key_id(k): k for k in public_keys} if public_keys is not None else None
-    engine = open_engine(url, auto_upgrade=False)
+    engine = open_engine(url, read_only=True)
     try:
         with engine.connect() as conn:
             recorded = {
@@ -357,10 +358,13 @@ def verify(
                     AuditCheckpoint.key_id,
                 ).order_by(AuditCheckpoint.stream, AuditCheckpoint.seq)
             ).all()
+            cp_rows, cp_wrong = _typed_checkpoints(cp_rows)
             total = 0
             if progress:
                 total = int(conn.exec_driver_sql("SELECT count(*) FROM audit_events").scalar_one())
             streams = _check_chains(conn, cp_rows, total if total >= PROGRESS_MIN_EVENTS else 0)
+            for name, seq, message in cp_wrong:
+                streams.setdefault(name, _StreamCheck(name, {})).add(seq, "wrong_type", message)
             if expected is not None:
                 lasts = {name: st.expect - 1 for name, st in streams.items()}
                 for name, found in expected_problems(conn, expected, lasts).items():
@@ -426,7 +430,16 @@ def _signature_problems(
                     Problem(stream, seq, "unknown_key", f"checkpoint key {kid} is not recorded")
                 )
                 continue
-            pub = public_key_from_raw(bytes(raw))
+            try:
+                if type(raw) is not bytes:
+                    raise SigningKeyError(f"{_sql_type(raw)}, not a BLOB")
+                pub = public_key_from_raw(raw)
+            except SigningKeyError as exc:
+                out.append(
+                    Problem(stream, seq, "wrong_type", f"recorded key {kid} is {exc}: the "
+                            "audit_keys row was edited")
+                )  # fmt: skip
+                continue
             untrusted[stream] = untrusted.get(stream, 0) + 1
         if not verify_signature(pub, bytes(sig), msg):
             out.append(
@@ -486,6 +499,10 @@ def _check_chains(
         task = bar.add_task("verifying audit chains", total=progress_total)
     try:
         for stream in _streams(conn):
+            if type(stream) is not str:  # a BLOB (SQLite stores one in any column)
+                name = _stream_name(stream)
+                streams[name] = _wrong_stream(conn, stream, name)
+                continue
             try:
                 st = _check_stream(conn, stream, cps_by_stream, bar, task, sqlite_json=True)
             except sqlite3.OperationalError:  # json_array refused a value (a BLOB)
@@ -508,6 +525,41 @@ def _check_chains(
                 f"events {last + 1}..{max(beyond)} were removed",
             )
     return streams
+
+
+def _stream_name(stream: object) -> str:
+    """A stream id as reports show it (``repr`` of a value that is not text)."""
+    return stream if isinstance(stream, str) else repr(stream)
+
+
+def _wrong_stream(conn: Connection, stream: object, name: str) -> _StreamCheck:
+    """The events whose ``stream`` column is not text: each one is edited; none is hashed."""
+    st = _StreamCheck(name, {})
+    st.events = int(
+        conn.execute(
+            select(func.count()).select_from(AuditEventRow).where(AuditEventRow.stream == stream)
+        ).scalar_one()
+    )
+    st.add(0, "wrong_type", f"{st.events} event(s) whose {_wrong_types(('stream', stream))}")
+    return st
+
+
+def _typed_checkpoints(
+    rows: Sequence[Any],
+) -> tuple[list[Any], list[tuple[str, int, str]]]:
+    """Split checkpoint rows into well-typed ones and ``(stream, seq, message)`` of the rest."""
+    good, wrong = [], []
+    for row in rows:
+        stream, seq, chain, sig, kid = row
+        cols = (("stream", stream), ("seq", seq), ("chain_hash", chain), ("signature", sig))
+        if _well_typed(*cols, ("key_id", kid)):
+            good.append(row)
+        else:
+            at = seq if type(seq) is int else 0
+            wrong.append(
+                (_stream_name(stream), at, f"checkpoint {_wrong_types(*cols, ('key_id', kid))}")
+            )
+    return good, wrong
 
 
 def _check_stream(
@@ -539,6 +591,15 @@ def _check_batch(st: _StreamCheck, batch: list[_ScanRow]) -> None:
     cps = st.cps
     running, expect = st.running, st.expect
     for seq, head, bids, det, prev, stored, number in batch:
+        if type(seq) is not int or type(stored) is not bytes or type(prev) is not bytes:
+            st.running, st.expect = running, expect
+            at = seq if type(seq) is int else expect
+            st.add(
+                at, "wrong_type", _wrong_types(("seq", seq), ("prev_hash", prev), ("hash", stored))
+            )
+            if at == seq:  # go on from the last good hash: what is stored here is no hash
+                expect = at + 1
+            continue
         prefix = prefixes.get(number)
         if prefix is not None:
             if number == 1 and (not head.isascii() or "\x7f" in head):
@@ -573,6 +634,45 @@ def _check_batch(st: _StreamCheck, batch: list[_ScanRow]) -> None:
     st.events += len(batch)
     if batch:
         st.last_time = _time_us(batch[-1][1])
+
+
+#: The type each column the verifier reads must have, by the Python type its driver returns.
+_EXPECTED_TYPES: Final = {
+    "seq": int,
+    "prev_hash": bytes,
+    "hash": bytes,
+    "stream": str,
+    "chain_hash": bytes,
+    "signature": bytes,
+    "key_id": str,
+    "public_key": bytes,
+}
+_SQL_TYPES: Final[dict[type | None, str]] = {
+    bytes: "a BLOB",
+    str: "text",
+    int: "an integer",
+    float: "a real",
+    None: "NULL",
+}
+
+
+def _sql_type(value: object) -> str:
+    """How SQL names the type of a driver value (``a BLOB``, ``text``, ``NULL``, ...)."""
+    return _SQL_TYPES.get(None if value is None else type(value), type(value).__name__)
+
+
+def _wrong_types(*columns: tuple[str, object]) -> str:
+    """What is wrong with the columns (name, value) that do not hold their types."""
+    wrong = [
+        f"{name} holds {_sql_type(v)} ({v!r:.40}), not {_sql_type(_EXPECTED_TYPES[name]())}"
+        for name, v in columns
+        if type(v) is not _EXPECTED_TYPES[name]
+    ]
+    return f"column {'; '.join(wrong)}: the row was edited"
+
+
+def _well_typed(*columns: tuple[str, object]) -> bool:
+    return all(type(v) is _EXPECTED_TYPES[name] for name, v in columns)
 
 
 def _time_us(head: str) -> int:

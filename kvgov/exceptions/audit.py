@@ -65,6 +65,31 @@ class AuditDatabaseMissing(AuditError):
         )
 
 
+class AuditWalIndexMissing(AuditDatabaseMissing):
+    """A SQLite audit file has a ``-wal`` file but no ``-shm`` index beside it.
+
+    A reader opens the trail read-only and writes nothing, so it cannot build the
+    index SQLite needs to read the events the write-ahead log holds (a copy that left
+    ``-shm`` out, or one deleted by hand).
+
+    Args:
+        url: the database URL (password masked).
+        path: the database file.
+    """
+
+    def __init__(self, url: str, path: str) -> None:
+        AuditError.__init__(
+            self,
+            f"{path}-wal exists without {path}-shm (from {url}): a read-only command "
+            "writes nothing, so it cannot rebuild the index that reading the write-ahead "
+            "log needs; copy the database with its -wal file to a folder you can write "
+            "and run the command on the copy, or open it once with a writer "
+            f"(`kvgov db upgrade {url}`)",
+        )
+        self.url = url
+        self.path = path
+
+
 class AuditTrailEmpty(AuditError):
     """A command that reports on the audit trail found no event in it.
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from kvgov.audit import AuditLog, load_public_key, verify
 from kvgov.audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
+from kvgov.audit.cli import audit_group
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 from kvgov.audit.signing import generate_key_files
 from kvgov.audit.store import normalize_url
@@ -369,3 +372,99 @@ def test_an_altered_or_untrusted_expected_streams_list_is_refused(
     with pytest.raises(ExpectedStreamsError, match="altered") as altered:
         load_expected_streams(listing, trusted)
     assert altered.value.tampered
+
+
+# --------------------------------------------------------------------------- issue 25, 9
+
+#: (table, column, value, where): a value of the wrong type, which SQLite stores in any
+#: column (only NOT NULL is enforced).
+WRONG_TYPES_SQLITE = [
+    ("audit_events", "stream", "X'7731'", f"{W} AND seq = 5"),
+    ("audit_events", "seq", "'five'", f"{W} AND seq = 5"),
+    ("audit_events", "seq", "X'05'", f"{W} AND seq = 5"),
+    ("audit_events", "seq", "5.5", f"{W} AND seq = 5"),
+    ("audit_events", "time_us", "1700000000.5", f"{W} AND seq = 5"),
+    ("audit_events", "time_us", "'soon'", f"{W} AND seq = 5"),
+    ("audit_events", "type", "X'00ff'", f"{W} AND seq = 5"),
+    ("audit_events", "token_count", "'many'", f"{W} AND seq = 5"),
+    ("audit_events", "block_ids", "X'5b315d'", f"{W} AND seq = 5"),
+    ("audit_events", "block_ids", "7", f"{W} AND seq = 5"),
+    ("audit_events", "details", "42", f"{W} AND seq = 5"),
+    ("audit_events", "details", "X'7b7d'", f"{W} AND seq = 5"),
+    ("audit_events", "prev_hash", "'text'", f"{W} AND seq = 5"),
+    ("audit_events", "hash", "'text'", f"{W} AND seq = 5"),
+    ("audit_events", "hash", "5", f"{W} AND seq = 5"),
+    ("audit_events", "hash", "2.5", f"{W} AND seq = 5"),
+    ("audit_events", "chain_format", "'two'", f"{W} AND seq = 5"),
+    ("audit_events", "chain_format", "X'02'", f"{W} AND seq = 5"),
+    ("audit_checkpoints", "stream", "X'7731'", "seq = 10"),
+    ("audit_checkpoints", "seq", "'ten'", "seq = 10"),
+    ("audit_checkpoints", "chain_hash", "'text'", "seq = 10"),
+    ("audit_checkpoints", "signature", "64", "seq = 10"),
+    ("audit_checkpoints", "key_id", "X'00'", "seq = 10"),
+    ("audit_keys", "public_key", "'text'", "1 = 1"),
+]
+#: What PostgreSQL can store of the same kind: its types are strict, JSONB holds any JSON.
+WRONG_TYPES_ANY_DB = [
+    ("audit_events", "block_ids", "'\"1\"'", f"{W} AND seq = 5"),
+    ("audit_events", "block_ids", "'{\"a\": 1}'", f"{W} AND seq = 5"),
+    ("audit_events", "details", "'42'", f"{W} AND seq = 5"),
+    ("audit_events", "details", "'null'", f"{W} AND seq = 5"),
+    ("audit_events", "details", "'[\"x\"]'", f"{W} AND seq = 5"),
+    ("audit_events", "hash", "X'00'", f"{W} AND seq = 5"),
+]
+
+
+def _verify_wrong_type(url: str, tmp_path: Path, table: str, column: str, value: str,
+                       where: str) -> None:  # fmt: skip
+    """Sign a trail, store ``value`` in one column; verify must report it and exit 1."""
+    _signed(url, tmp_path, 20)
+    if url.startswith("postgresql") and value.startswith("X'"):
+        value = _lit(url, bytes.fromhex(value[2:-1]))
+    attacker(url, f"UPDATE {table} SET {column} = {value} WHERE {where}")
+    result = CliRunner().invoke(audit_group, ["verify", "--url", url, "--json"])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    report = json.loads(result.output)
+    assert not report["ok"]
+    assert [p for s in report["streams"] for p in s["problems"]]
+
+
+@pytest.mark.parametrize(("table", "column", "value", "where"), WRONG_TYPES_SQLITE)
+def test_a_wrongly_typed_column_is_an_edit_on_sqlite(
+    tmp_path: Path, table: str, column: str, value: str, where: str
+) -> None:
+    """A BLOB, text, real or integer where another type belongs: exit 1, no traceback."""
+    _verify_wrong_type(f"sqlite:///{tmp_path / 'audit.db'}", tmp_path, table, column, value, where)
+
+
+@pytest.mark.parametrize(("table", "column", "value", "where"), WRONG_TYPES_ANY_DB)
+def test_a_wrongly_typed_json_column_is_an_edit(
+    db_url: str, tmp_path: Path, table: str, column: str, value: str, where: str
+) -> None:
+    """JSON of the wrong shape (SQLite and PostgreSQL): exit 1, no traceback."""
+    _verify_wrong_type(db_url, tmp_path, table, column, value, where)
+
+
+def test_a_wrongly_typed_hash_is_named_and_the_chain_goes_on(tmp_path: Path) -> None:
+    """The report names the column and its type; the events after it still verify."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    _signed(url, tmp_path, 20)
+    attacker(url, f"UPDATE audit_events SET hash = 'text' WHERE {W} AND seq = 5")
+    report = verify(url)
+    problems = report.problems
+    assert (problems[0].seq, problems[0].kind) == (5, "wrong_type")
+    assert "hash holds text ('text'), not a BLOB" in problems[0].message
+    assert {p.seq for p in problems} <= {5, 6}  # 6's link names the lost hash; no more
+
+
+def test_a_blob_stream_is_reported_under_its_repr(tmp_path: Path) -> None:
+    """Events moved to a BLOB stream: reported (no `bytes is not JSON` crash) and missing
+    from their own stream."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    _signed(url, tmp_path, 20)
+    attacker(url, f"UPDATE audit_events SET stream = X'7731' WHERE {W} AND seq = 5")
+    streams = {s.stream: s for s in verify(url).streams}
+    assert streams["b'w1'"].problems[0].kind == "wrong_type"
+    assert streams["b'w1'"].events == 1
+    assert streams["w1"].first_bad is not None and streams["w1"].first_bad.kind == "seq_gap"
