@@ -13,10 +13,11 @@ operation's event names what each tier lost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from kvgov.allocator import BlockState
 from kvgov.audit import AuditEvent, EventType
 from kvgov.exceptions import InvalidArgument, InvalidScope, KeyStoreUnavailable, ZeroizationError
 from kvgov.offload import ShredReport
@@ -28,7 +29,7 @@ from .offloading import erasure_details
 from .results import ErasureReport, InvalidationReport
 from .scope import CacheScope
 
-__all__ = ["SCOPE_FILTERS", "invalidate", "purge_tenant", "rotate_secret", "sweep"]
+__all__ = ["SCOPE_FILTERS", "erasure_check", "invalidate", "purge_tenant", "rotate_secret", "sweep"]
 
 #: The scope fields :func:`invalidate` can filter on: what produced the KV (every
 #: scope field but who owns it and how it is labelled), in scope order.
@@ -65,6 +66,27 @@ def revoke(gov: Governor, block_ids: list[int], reason: str) -> tuple[list[int],
     return list(revoked.evicted), list(revoked.detached)
 
 
+def erasure_check(gov: Governor, written: Sequence[int]) -> tuple[list[int], bool]:
+    """Whether the erasure of blocks is verified, read off their states and bytes, not their keys.
+
+    Call it under the governor's lock, after the revocation and its drain, with
+    every block the erased owner (tenant, scope) wrote, as the governor's owners
+    named them before: a block without a cache key (restricted data, a partial
+    block, a tenant that caches nothing, a key an earlier invalidation or
+    rotation dropped) holds its writer's bytes all the same.
+
+    Returns:
+        The blocks among ``written`` that are not FREE now (held by a running
+        sequence of any tenant, so zeroized only when their last holder releases
+        them), ascending; and ``verified``: none is held and the pool read them
+        all back as zero bytes (a pool whose bytes live in another process cannot
+        read them back: never verified).
+    """
+    states = gov.pool.states(written)
+    held = [b for b, state in zip(written, states, strict=True) if state is not BlockState.FREE]
+    return held, not held and gov.pool.read_back_zero(written) is True
+
+
 def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> ErasureReport:
     """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
 
@@ -74,6 +96,11 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
     audit database never stalls other tenants. The offload tiers are shredded
     then too: the tenant has no CACHED block left to offload, and a capacity
     eviction of a purging tenant's block offloads nothing.
+
+    ``verified`` rests on ownership (:func:`erasure_check`): every block the
+    governor's owners name the tenant's before the purge must be FREE and zero
+    after it. A block a running sequence holds cannot be freed; it counts in
+    ``held_blocks`` and the purge is not verified until a later one finds none.
 
     Raises:
         InvalidScope: tenant is not a valid identifier.
@@ -92,15 +119,17 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
                 if seq.scope.tenant == tenant:
                     seq.cacheable = False
                     in_flight.append(seq.seq_id)
-            evicted, detached = revoke(gov, gov.owners.of_tenant(tenant), "purged")
-            # verified only when every block of the tenant is zero now: a detached one
-            # (still held by a running sequence) is zeroized only at its release
-            verified = not detached and gov.pool.read_back_zero(evicted) is True
+            written = gov.owners.of_tenant(tenant)
+            evicted, detached = revoke(gov, written, "purged")
+            # verified from ownership: every block the tenant wrote, keyed or not, is
+            # FREE and zero now; a held one is zeroized only at its holder's release
+            held, verified = erasure_check(gov, written)
             nbytes = len(evicted) * gov.pool.bytes_per_block
         details: dict[str, Any] = {
             "blocks_zeroized": len(evicted),
             "bytes_zeroized": nbytes,
             "detached_blocks": len(detached),
+            "held_blocks": len(held),
             "in_flight_sequences": in_flight,
             "verified": verified,
         }
@@ -118,6 +147,7 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             tenant=tenant,
             blocks_zeroized=len(evicted),
             in_flight=len(in_flight),
+            held_blocks=len(held),
             verified=verified,
             event_id=recorded.event_id,
             evidence=recorded.evidence,
@@ -128,6 +158,7 @@ def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> Er
             bytes_zeroized=nbytes,
             in_flight_sequences=tuple(in_flight),
             detached_blocks=len(detached),
+            held_blocks=len(held),
             verified=verified,
             event_id=recorded.event_id,
             finished_at=finished,
@@ -191,12 +222,16 @@ def invalidate(
             if seq.cacheable and matches(seq.scope):
                 seq.cacheable = False
                 marked += 1
-        evicted, detached = revoke(gov, gov.owners.select(matches), "invalidated")
+        written = gov.owners.select(matches)
+        evicted, detached = revoke(gov, written, "invalidated")
+        held, verified = erasure_check(gov, written)
         details: dict[str, Any] = {
             "filter": dict(wanted),
             "blocks_zeroized": len(evicted),
             "detached_blocks": len(detached),
+            "held_blocks": len(held),
             "sequences_marked": marked,
+            "verified": verified,
         }
         deleted = None if gov.offload is None else gov.offload.invalidate(matches)
         if deleted is not None:
@@ -208,7 +243,9 @@ def invalidate(
         return InvalidationReport(
             blocks_zeroized=len(evicted),
             detached_blocks=len(detached),
+            held_blocks=len(held),
             sequences_marked=marked,
+            verified=verified,
             event_id=event_id,
             offload_deleted={} if deleted is None else dict(deleted.deleted),
         )
@@ -221,11 +258,15 @@ def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[LiveSequence]
         gov.check_open()
         for seq in live:
             seq.cacheable = False
-        evicted, detached = revoke(gov, gov.owners.held(), "secret_rotated")
+        written = gov.owners.held()
+        evicted, detached = revoke(gov, written, "secret_rotated")
         gov.deriver = deriver
+        held, verified = erasure_check(gov, written)
         details: dict[str, Any] = {
             "blocks_zeroized": len(evicted),
             "detached_blocks": len(detached),
+            "held_blocks": len(held),
+            "verified": verified,
         }
         if gov.offload is not None:  # every object's key was derived with the old secret
             details["offload"] = erasure_details(gov.offload.drop_all())
@@ -238,6 +279,9 @@ def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[LiveSequence]
 def sweep(gov: Governor) -> int:
     """Evict and zeroize every cached block past its retention deadline (and tier objects).
 
+    The event's ``details.verified`` (when a block expired): every expired block is
+    FREE and reads back as zero bytes (:func:`erasure_check`).
+
     Returns:
         How many device blocks expired.
     """
@@ -249,7 +293,12 @@ def sweep(gov: Governor) -> int:
             with zeroization_audited(gov):
                 expired = gov.pool.evict(due, "expired")
         gov.drain()
+        # the expired blocks only: a due block hit since is live KV, not erased (its
+        # deadline restarts at its next release)
+        verified = erasure_check(gov, expired)[1] if expired else None
     details: dict[str, Any] = {"expired": len(expired)}
+    if verified is not None:
+        details["verified"] = verified
     # the tiers outside the lock: the store is thread-safe, and Redis may be slow
     tiers = None if gov.offload is None else gov.offload.sweep()
     if tiers is not None and (tiers.total or tiers.unreachable):

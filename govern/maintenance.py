@@ -33,7 +33,9 @@ class CacheMaintenance:
     def sweep(self) -> int:
         """Evict and zeroize every cached block past its retention deadline.
 
-        Offload tiers are swept too: objects past their deadline are deleted.
+        Offload tiers are swept too: objects past their deadline are deleted. The
+        sweep's audit event says ``verified`` when every expired block is FREE and
+        reads back as zero bytes.
 
         Returns:
             How many device blocks expired.
@@ -61,23 +63,26 @@ class CacheMaintenance:
     def purge_tenant(self, tenant: str) -> ErasureReport:
         """Erase a tenant from the cache (right to be forgotten).
 
-        Every cached block the tenant wrote (including blocks it published to
-        share groups) is evicted and zeroized now and read back to check it is
-        zero; blocks still held by running sequences become unreachable by key
-        and are zeroized at release; the tenant's running sequences will cache
-        nothing. New admissions for the tenant are refused while this runs. With
-        offload tiers, the tenant is crypto-shredded: its data key is destroyed
-        first (every copy in every tier is unreadable from then on), then its
-        objects are deleted; the report and the erasure event name the destroyed
-        key ids and the deletions per tier. The erasure event is durable before
-        this returns, written after the cache lock is released.
+        Every cached block the tenant wrote (including blocks it published to share groups)
+        is evicted and zeroized now and read back to check it is zero; blocks still held by
+        running sequences (the tenant's own, or another tenant's that reuses its public
+        blocks) cannot be freed: they become unreachable by key and are zeroized when their
+        last holder releases them; the tenant's running sequences will cache nothing. New
+        admissions for the tenant are refused while this runs. With offload tiers, the
+        tenant is crypto-shredded: its data key is destroyed first (every copy in every tier
+        is unreadable from then on), then its objects are deleted; the report and the
+        erasure event name the destroyed key ids and the deletions per tier. The erasure
+        event is durable before this returns, written after the cache lock is released.
 
         Args:
             tenant: the tenant.
 
         Returns:
-            The erasure evidence: ``verified`` only when every block of the tenant
-            is zero now (none still held by a running sequence); ``evidence``
+            The erasure evidence: ``verified`` only when every block the tenant
+            wrote, keyed or not, is FREE now and reads back as zero bytes;
+            otherwise ``held_blocks`` says how many are still held by running
+            sequences (the erasure event says the same): end or cancel those
+            sequences and purge again for a verified report; ``evidence``
             ``"stored"`` or ``"spooled"`` (the audit database did not answer in
             time; the event is replayed into it later).
 
@@ -109,7 +114,9 @@ class CacheMaintenance:
         objects of every matching scope this worker knows (see docs/offload.md).
 
         Returns:
-            What was dropped.
+            What was dropped; ``verified`` when every block of a matching scope is
+            FREE and reads back as zero bytes, else ``held_blocks`` of them are
+            still held by running sequences (zeroized at their release).
 
         Raises:
             InvalidArgument: no field given, or a value that is not a non-empty string.
@@ -138,7 +145,9 @@ class CacheMaintenance:
             new_secret: at least 32 bytes.
 
         Returns:
-            Blocks evicted and zeroized now.
+            Blocks evicted and zeroized now (the rotation's audit event names the
+            blocks still held, ``held_blocks``, and whether the rest read back zero,
+            ``verified``).
 
         Raises:
             KeySecretError: the new secret is too short (nothing changed).

@@ -45,13 +45,20 @@ class ErasureReport:
         bytes_zeroized: their bytes.
         in_flight_sequences: the tenant's sequences still running; their blocks
             are never cached and are zeroized at release.
-        detached_blocks: blocks of the tenant still held by running sequences
-            (of any tenant), unreachable by key from now on and zeroized when
-            their last holder releases them.
-        verified: every block the tenant wrote is zeroized now and read back as all
-            zero bytes: no block was detached (held by a running sequence, zeroized
-            only at its release) and the pool could read the zeroized ones back
-            (a pool whose bytes live in another process cannot: never verified).
+        detached_blocks: keyed blocks of the tenant still held by running sequences
+            (of any tenant) whose key this purge removed: unreachable by key from now
+            on and zeroized when their last holder releases them.
+        held_blocks: every block the tenant wrote that is not FREE after the purge,
+            keyed or not (restricted data, a partial block, a tenant that caches
+            nothing, a key an earlier invalidation or rotation dropped, a public
+            block another tenant reuses): held by running sequences of any tenant,
+            it keeps the tenant's bytes until its last holder releases it, when it
+            is zeroized. Purge again after those sequences end to get a verified
+            report.
+        verified: read off ownership, not keys: every block the tenant wrote is FREE
+            now and reads back as all zero bytes. False while ``held_blocks`` is not
+            0, and always where the pool cannot read its bytes back (they live in
+            another process: vLLM's workers).
         event_id: the erasure event in the audit trail (durable before this returns).
         finished_at: the cache clock's time when the purge finished (seconds).
         evidence: where the erasure event is: ``"stored"`` in the audit database, or
@@ -71,6 +78,7 @@ class ErasureReport:
     bytes_zeroized: int
     in_flight_sequences: tuple[str, ...]
     detached_blocks: int
+    held_blocks: int
     verified: bool
     event_id: str
     finished_at: float
@@ -86,10 +94,17 @@ class InvalidationReport:
 
     Attributes:
         blocks_zeroized: cached blocks evicted and zeroized now.
-        detached_blocks: matching blocks still held by running sequences,
-            unreachable from now on and zeroized at release.
+        detached_blocks: matching keyed blocks still held by running sequences
+            whose key this invalidation removed: unreachable from now on and
+            zeroized at release.
+        held_blocks: every block a matching scope wrote that is not FREE after
+            the invalidation, keyed or not (held by running sequences, zeroized at
+            their release).
         sequences_marked: running sequences of a matching scope, which will
             cache nothing more.
+        verified: every block a matching scope wrote is FREE now and reads back as
+            all zero bytes (False while ``held_blocks`` is not 0, and where the pool
+            cannot read its bytes back).
         event_id: the invalidation event in the audit trail.
         offload_deleted: objects of matching scopes deleted, per offload tier (empty
             without offload tiers).
@@ -97,7 +112,9 @@ class InvalidationReport:
 
     blocks_zeroized: int
     detached_blocks: int
+    held_blocks: int
     sequences_marked: int
+    verified: bool
     event_id: str
     offload_deleted: Mapping[str, int] = field(default_factory=dict)
 

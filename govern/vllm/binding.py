@@ -385,8 +385,10 @@ class VllmGovernance:
         """Erase a tenant (see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`).
 
         The blocks are ordered zeroed (the next step carries them; an idle engine
-        runs one for it): the report's ``verified`` is False, the "done"
-        zeroization events follow when that step comes back.
+        runs one for it): the report's ``verified`` is False (the pool cannot read
+        the workers' bytes back; ``held_blocks`` counts the tenant's blocks running
+        requests still hold, as for kvgov's pool), the "done" zeroization events
+        follow when that step comes back.
         """
         self.flush_done()
         return erasure.purge_tenant(self.gov, tenant, live)

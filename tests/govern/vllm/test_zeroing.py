@@ -107,6 +107,8 @@ def test_a_purge_detaches_blocks_a_running_request_holds(vllm: Any) -> None:
     vllm.step(sched)
     report = sched.kvgov_call("purge_tenant", "acme")
     assert report["detached_blocks"] == 10 and report["in_flight_sequences"] == ["a"]
+    # verified rests on ownership: every block the running request holds is still held
+    assert report["held_blocks"] >= 10 and report["verified"] is False
     run = vllm.run(sched)
     assert "a" in run.finals
     assert vllm.worker(sched).remnants(sched) == []
