@@ -17,6 +17,7 @@ reached the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -244,7 +245,11 @@ class RunMarker:
             {"stream": self.stream, "database": self.database, "host": self.host,
              "pid": self.pid, "started_us": self.started_us}
         ).encode()  # fmt: skip
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # a fresh file, never one planted in a shared folder: a symlink left at ``tmp``
+        # is removed (not followed), and O_EXCL fails if one reappears before the open
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
             os.fsync(fd)

@@ -20,8 +20,10 @@ these; the writer bounds that on its own side (see :mod:`kvgov.audit.writer`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import os
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -156,6 +158,18 @@ def _sqlite_file(u: URL) -> str | None:
     return name
 
 
+def _create_private(path: str | None) -> None:
+    """Create a new SQLite file readable by its owner alone (the trail names tenants).
+
+    SQLite gives the ``-wal`` and ``-shm`` files the mode of the database file, so
+    the whole trail is 0600; an existing file keeps the mode its operator chose.
+    """
+    if path is None:
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+
+
 def _read_only_uri(path: str, url: str) -> str:
     """The SQLite URI that reads ``path`` without writing a byte, chosen at each connect.
 
@@ -252,6 +266,7 @@ def create_audit_engine(
             busy_ms = min(busy_ms, max(1, round(statement_timeout * 1000)))
         if read_only:
             return _read_only_sqlite_engine(u, busy_ms)
+        _create_private(_sqlite_file(u))
         engine = create_engine(u, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms=busy_ms))
         return engine

@@ -48,6 +48,7 @@ from kvgov.exceptions.audit import (
     InvalidAuditEvent,
     InvalidAuditUrl,
     InvalidTimeBound,
+    MalformedAuditRow,
     SigningKeyError,
 )
 from kvgov.exceptions.base import InternalError, KVGovError
@@ -116,6 +117,7 @@ __all__ = [
     "KeyAlreadySet",
     "KeySecretError",
     "KeyStoreUnavailable",
+    "MalformedAuditRow",
     "ObjectCorrupt",
     "ObjectMisbound",
     "ObjectRefused",

@@ -105,6 +105,27 @@ class AuditTrailEmpty(AuditError):
         )
 
 
+class MalformedAuditRow(AuditError):
+    """A stored event has a column of the wrong type or shape: it was edited in the database.
+
+    The queries and exports stop at it rather than print a guess; ``kvgov audit
+    verify`` names every such row (``wrong_type``, ``hash_mismatch``).
+
+    Args:
+        where: the event (``stream:seq``) or, where the database driver refused the
+            row before kvgov saw it, the last event read before it.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(
+            f"the audit trail holds a malformed event ({where}: {reason}); it was edited "
+            "outside kvgov: run `kvgov audit verify` on the same database"
+        )
+
+
 class InvalidTimeBound(AuditError, ValueError):
     """A query's time bound (``since`` / ``until``) is not an unambiguous instant.
 
