@@ -45,7 +45,9 @@ def _refused(vllm: Any, sched: Any, req: Any) -> Any:
     out = run.finals[req.request_id]
     assert out.finish_reason.name == "ERROR" and out.stop_reason.startswith("kvgov: ")
     assert out.stop_reason.isprintable()
-    (event,) = vllm.events(sched, type="policy_denied", sequence_id=req.request_id)
+    (event,) = [
+        e for e in vllm.events(sched, type="policy_denied") if e.sequence_id == req.request_id
+    ]
     assert event.decision_id in out.stop_reason
     return out, event
 
@@ -109,7 +111,7 @@ def test_an_unexpected_error_refuses_and_audits(vllm: Any, monkeypatch: pytest.M
     def boom(*args: Any) -> Any:
         raise RuntimeError("internal detail \ud800")
 
-    monkeypatch.setattr(sched.kvgov.resolver, "resolve", boom)
+    monkeypatch.setattr(type(sched.kvgov.resolver), "resolve", boom)
     out, event = _refused(vllm, sched, vllm.request("x", PROMPT))
     assert "RuntimeError" in out.stop_reason and "internal detail" not in out.stop_reason
     assert event.details["path"] == "kvgov.vllm/error"
