@@ -30,6 +30,7 @@ admission policy's priority is recorded, not applied.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -192,7 +193,8 @@ class VllmGovernance:
             state: RequestGovernance | None = getattr(request, "_kvgov", None)
             if state is not None:  # refused after keying: it caches nothing
                 state.cacheable = False
-                request.block_hashes.clear()
+                with contextlib.suppress(Exception):
+                    request.block_hashes.clear()
             return refuse(
                 self.gov, seq_id, num_tokens, describe_error(exc), extra_args, path=ERROR_PATH
             )
