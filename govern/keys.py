@@ -126,8 +126,9 @@ def encode_extra_keys(extra: object) -> bytes:
         ``b""`` for no extra keys, else the tagged encoding.
 
     Raises:
-        InvalidArgument: an element of another type (a float, an object): it has
-            no canonical encoding, so it could not be keyed safely.
+        InvalidArgument: an element of another type (a float, an object), a string
+            holding a lone surrogate, or an integer beyond Python's int-to-text limit:
+            it has no canonical encoding, so it could not be keyed safely.
     """
     if extra is None or (isinstance(extra, tuple | list) and not extra):
         return b""
@@ -144,10 +145,18 @@ def _encode_item(value: object, out: bytearray, depth: int) -> None:
     elif isinstance(value, bool):
         out += b"\x01\x01" if value else b"\x01\x00"
     elif isinstance(value, int):
-        digits = str(int(value)).encode("ascii")
+        try:
+            digits = str(int(value)).encode("ascii")
+        except ValueError:  # beyond Python's int-to-text digit limit
+            raise InvalidArgument("extra_keys", "<int>", "an integer too large to key") from None
         out += b"\x02" + len(digits).to_bytes(4, "big") + digits
     elif isinstance(value, str):
-        raw = value.encode("utf-8")
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (e.g. a client's cache_salt)
+            raise InvalidArgument(
+                "extra_keys", "<str>", "a string holding a lone surrogate has no UTF-8 form"
+            ) from None
         out += b"\x03" + len(raw).to_bytes(4, "big") + raw
     elif isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)

@@ -8,7 +8,7 @@ from typing import Any
 from kvgov.exceptions import InvalidScope
 from kvgov.schema import SCOPE_FIELDS, TEXT_LIMITS, text_problem
 
-__all__ = ["SCOPE_FIELDS", "CacheScope"]
+__all__ = ["SCOPE_FIELDS", "CacheScope", "check_scope_field"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class CacheScope:
             value = getattr(self, name)
             if value is None and name in _OPTIONAL:
                 continue
-            _check_identifier(name, value)
+            check_scope_field(name, value)
         if (self.adapter is None) != (self.adapter_revision is None):
             raise InvalidScope(
                 "adapter_revision",
@@ -75,16 +75,48 @@ class CacheScope:
 _OPTIONAL = frozenset({"adapter", "adapter_revision"})
 
 
-def _check_identifier(name: str, value: object) -> None:
+def check_scope_field(name: str, value: object) -> str:
+    """Check one scope field by :class:`CacheScope`'s rules, before a scope is built from it.
+
+    Args:
+        name: the field's name (a key of :data:`kvgov.schema.TEXT_LIMITS`, or another
+            name of a required scope field: the limit is then 256 characters).
+        value: what was given, of any type.
+
+    Returns:
+        ``value``, a non-empty printable string the audit store can hold.
+
+    Raises:
+        InvalidScope: it is not a string, is empty, too long, or holds a NUL, a lone
+            surrogate or another non-printable character (a control, a bidi override).
+            The error shows at most a short, escaped excerpt of the value.
+    """
     if not isinstance(value, str):
-        raise InvalidScope(name, value, "must be a string")
+        raise InvalidScope(name, _excerpt(value), f"must be a string, not {type(value).__name__}")
     if not value:
         raise InvalidScope(name, value, "must not be empty")
-    problem = text_problem(value, TEXT_LIMITS[name])
+    problem = text_problem(value, TEXT_LIMITS.get(name, _FIELD_LIMIT))
+    if problem is None and not value.isprintable():
+        problem = "must contain printable characters only"
     if problem is not None:
-        raise InvalidScope(name, value[:32] + ("..." if len(value) > 32 else ""), problem)
-    if not value.isprintable():
-        raise InvalidScope(name, value, "must contain printable characters only")
+        raise InvalidScope(name, _excerpt(value), problem)
+    return value
+
+
+_FIELD_LIMIT = TEXT_LIMITS["classification"]
+_EXCERPT_CHARS = 32
+
+
+def _excerpt(value: object) -> object:
+    """What an InvalidScope shows of a bad value: short (its repr escapes what is unprintable)."""
+    if isinstance(value, str):
+        return value[:_EXCERPT_CHARS] + ("..." if len(value) > _EXCERPT_CHARS else "")
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return value
+    if kind is int and value.bit_length() <= 64:  # type: ignore[attr-defined]  # huge: repr raises
+        return value
+    return f"<{type(value).__name__}>"
 
 
 # An import-time guard: the policy input, the scope digest and the audit events are

@@ -30,8 +30,9 @@ admission policy's priority is recorded, not applied.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -54,15 +55,15 @@ from ..governor import Governor
 from ..results import ErasureReport, InvalidationReport
 from ..stats import CacheStats
 from .pool import GovernedBlockPool, VllmPoolAdapter
+from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse
 from .requests import RequestGovernance, governed_block_hasher, has_extra_keys
-from .scope import SCOPE_KEYS, EngineScope, ScopeResolver, revision_of
+from .scope import EngineScope, ScopeResolver, revision_of
 from .scope_token import ScopeTokenVerifier
 from .settings import BindingSettings
 
 __all__ = ["SCOPE_PATH", "VllmGovernance"]
 
-#: The ``details.path`` of refusals the binding decides itself (no or bad scope, bad token).
-SCOPE_PATH = "kvgov.vllm/scope"
+_log = logging.getLogger("kvgov.vllm")
 
 
 class VllmGovernance:
@@ -167,20 +168,46 @@ class VllmGovernance:
     def admit(self, request: Any) -> str | None:
         """Decide a new request; on admission, key it in its namespace.
 
+        Never raises: a request whose admission fails unexpectedly (anything its
+        client sent that slipped past validation, a policy-engine error) is refused
+        and audited (``details.path`` ``kvgov.vllm/error``), and the engine's log has
+        the traceback.
+
         Returns:
             None if admitted (``request._kvgov`` set, its hasher replaced), else the
-            reason to send its client (``"kvgov: ..."``); every refusal is audited.
+            reason to send its client (``"kvgov: ..."``); every refusal is audited
+            (unless the audit trail itself is down: then the message says so).
         """
+        try:
+            seq_id = str(request.request_id)
+            num_tokens = int(request.num_tokens)
+            sp = request.sampling_params
+            extra_args = sp.extra_args if sp is not None else None
+        except Exception as exc:
+            _log.exception("kvgov: refusing a request that cannot be read")
+            return refuse(self.gov, "", None, describe_error(exc), None, path=ERROR_PATH)
+        try:
+            return self._admit(request, seq_id, num_tokens, extra_args)
+        except Exception as exc:
+            _log.exception("kvgov: admitting request %r failed; refusing it", seq_id[:256])
+            state: RequestGovernance | None = getattr(request, "_kvgov", None)
+            if state is not None:  # refused after keying: it caches nothing
+                state.cacheable = False
+                with contextlib.suppress(Exception):
+                    request.block_hashes.clear()
+            return refuse(
+                self.gov, seq_id, num_tokens, describe_error(exc), extra_args, path=ERROR_PATH
+            )
+
+    def _admit(
+        self, request: Any, seq_id: str, num_tokens: int, extra_args: Mapping[str, Any] | None
+    ) -> str | None:
         gov = self.gov
-        seq_id = str(request.request_id)
-        num_tokens = int(request.num_tokens)
-        sp = request.sampling_params
-        extra_args = sp.extra_args if sp is not None else None
         try:
             gov.check_open()
             scope = self.resolver.resolve(extra_args, request.lora_request)
         except (InvalidScope, ScopeTokenError, PoolClosed) as exc:
-            return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+            return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
         try:
             gov.check_not_purging(scope.tenant)
             view = gov.admission_view(scope, seq_id, num_tokens)
@@ -190,7 +217,7 @@ class VllmGovernance:
         except PolicyDenied as exc:  # audited by the governor
             return f"kvgov: {exc}"
         except (InvalidScope, TenantPurging) as exc:
-            return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+            return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
         except AuditUnavailable as exc:  # fail closed: nothing is admitted unaudited
             return f"kvgov: request refused, {exc}"
         state = RequestGovernance(
@@ -212,33 +239,8 @@ class VllmGovernance:
             except InvalidArgument as exc:  # an extra key kvgov cannot encode
                 request.block_hashes.clear()
                 state.cacheable = False
-                return self._refuse(seq_id, num_tokens, str(exc), extra_args)
+                return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
         return None
-
-    def _refuse(
-        self, seq_id: str, num_tokens: int, reason: str, extra_args: Mapping[str, Any] | None
-    ) -> str:
-        """Audit a refusal the binding decided itself; return the client's message."""
-        decision_id = f"kvgov-vllm-{uuid.uuid4().hex}"
-        claimed = {
-            k: v[:256]
-            for k, v in (extra_args or {}).items()
-            if k in SCOPE_KEYS[:3] and isinstance(v, str) and "\x00" not in v
-        }
-        self.gov.unattributed.denials["scope"] += 1
-        try:
-            self.gov.audit.record(
-                AuditEvent(
-                    type=EventType.POLICY_DENIED,
-                    sequence_id=seq_id,
-                    token_count=num_tokens,
-                    decision_id=decision_id,
-                    details={"reason": reason, "path": SCOPE_PATH, "claimed": claimed},
-                )
-            )
-        except AuditUnavailable as exc:
-            return f"kvgov: request refused ({reason}); the refusal could not be audited: {exc}"
-        return f"kvgov: {reason} (decision {decision_id})"
 
     # ------------------------------------------------------------------ lookup and commit
 

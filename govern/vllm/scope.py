@@ -19,7 +19,10 @@ adapter, revision      the request's ``lora_request``: its name, and its path
 so a client can write it: a trusted front end must set the three fields for the
 caller it authenticated and strip any the client sent, and should sign them
 (:mod:`kvgov.govern.vllm.scope_token`). A field with neither a value nor a
-default refuses the request (fail closed). This module needs no vLLM.
+default refuses the request (fail closed); a field that is not a valid scope
+field (:func:`kvgov.govern.scope.check_scope_field`) refuses it before any token
+is checked. With ``require_scope_token`` every request needs a valid token, one
+whose scope comes from the defaults too. This module needs no vLLM.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, UNVERSIONED
 from kvgov.exceptions import InvalidScope, ScopeTokenError
 
-from ..scope import CacheScope
+from ..scope import CacheScope, check_scope_field
 from .scope_token import ScopeTokenVerifier
 from .settings import BindingSettings
 
@@ -136,14 +139,22 @@ class ScopeResolver:
             The scope.
 
         Raises:
-            InvalidScope: a field is missing with no default, or is not a valid
-                scope field (not a string, empty, too long, unprintable).
-            ScopeTokenError: the scope is not signed as the settings require, or the
-                token is expired, malformed or forged.
+            InvalidScope: ``extra_args`` is not a mapping, a field is missing with no
+                default, or is not a valid scope field
+                (:func:`~kvgov.govern.scope.check_scope_field`: not a string, empty, too
+                long, a NUL, a lone surrogate, a non-printable character).
+            ScopeTokenError: the request carries no token while ``require_scope_token``
+                is on (whether its fields came from ``extra_args`` or the defaults), or
+                its token is expired, malformed or forged, or it carries a token and the
+                engine has no key.
         """
-        xa = extra_args if extra_args is not None else {}
-        fields: list[object] = []
-        claimed = False
+        if extra_args is None:
+            xa: Mapping[str, object] = {}
+        elif isinstance(extra_args, Mapping):
+            xa = extra_args
+        else:
+            raise InvalidScope("extra_args", f"<{type(extra_args).__name__}>", "must be a mapping")
+        fields: list[str] = []
         for name, default in zip(
             (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
         ):
@@ -152,24 +163,18 @@ class ScopeResolver:
                 if default is None:
                     raise InvalidScope(name, None, _MISSING[name])
                 value = default
-            else:
-                claimed = True
-            if not isinstance(value, str):
-                raise InvalidScope(name, value, "must be a string")
-            fields.append(value)
+            fields.append(check_scope_field(name, value))
         tenant, classification, template = fields
         token = xa.get(TOKEN_KEY)
-        if token is not None or (claimed and self._require):
+        # required: every request, a defaulted scope too (the token then signs the defaults)
+        if token is not None or self._require:
             if self._verifier is None:
                 raise ScopeTokenError(
                     "the request carries a kvgov_scope_token but the engine has no scope-token "
                     "key (set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file)"
                 )
             self._verifier.verify(
-                token,
-                tenant=str(tenant),
-                classification=str(classification),
-                template_version=str(template),
+                token, tenant=tenant, classification=classification, template_version=template
             )
         lora = None
         if adapter is not None:
@@ -182,13 +187,13 @@ class ScopeResolver:
         if scope is None:
             engine = self._engine
             scope = CacheScope(
-                tenant=str(tenant),
-                classification=str(classification),
+                tenant=tenant,
+                classification=classification,
                 model=engine.model,
                 model_revision=engine.model_revision,
                 tokenizer=engine.tokenizer,
                 tokenizer_revision=engine.tokenizer_revision,
-                template_version=str(template),
+                template_version=template,
                 adapter=lora[0] if lora else None,
                 adapter_revision=lora[1] if lora else None,
             )

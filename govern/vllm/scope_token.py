@@ -14,6 +14,14 @@ a front end imports it to sign. Byte layout (integers big-endian)::
     mac     = HMAC-SHA256(key, message)
     token   = "v1." || decimal(expires_at) || "." || hex(mac)     (lowercase, 64 digits)
 
+The engine parses a token strictly, so a token has one spelling: ``v1``, a dot,
+the expiry as 1 to 20 ASCII digits without a leading zero (``0|[1-9][0-9]{0,19}``,
+below 2**64), a dot, and the MAC as exactly 64 lowercase hex digits
+(``[0-9a-f]{64}``); no sign, space, upper-case hex or other script's digits.
+The three fields must be valid scope fields
+(:func:`kvgov.govern.scope.check_scope_field`: non-empty printable strings of
+at most 256 characters, no NUL, no lone surrogate), on both sides.
+
 ``field`` is the length-prefixed field of :mod:`kvgov.govern.keys`, so no
 choice of strings makes two scopes sign alike. The token binds the scope and an
 expiry, not the request: within its lifetime it can be replayed by whoever
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import re
 import time
 from collections.abc import Callable
 
@@ -34,13 +43,15 @@ from kvgov.defaults import MIN_SCOPE_TOKEN_KEY_BYTES, SCOPE_TOKEN_MAX_TTL_SECOND
 from kvgov.exceptions import BindingConfigError, ScopeTokenError
 
 from ..keys import encode_field
+from ..scope import check_scope_field
 
 __all__ = ["ScopeTokenVerifier", "scope_token_message", "sign_scope_token"]
 
 _TAG = b"kvgov.scope-token.v1\x00"
 _VERSION = "v1"
-#: Longest token accepted: "v1." + 20 digits + "." + 64 hex digits, with room to spare.
-_MAX_TOKEN_CHARS = 128
+#: The one spelling of a token: ASCII decimal expiry (no leading zero), lowercase hex MAC.
+_TOKEN = re.compile(r"v1\.(0|[1-9][0-9]{0,19})\.([0-9a-f]{64})")
+_FORM = "kvgov_scope_token must be of the form v1.<expiry>.<mac> (decimal, 64 lowercase hex)"
 
 
 def scope_token_message(
@@ -49,8 +60,13 @@ def scope_token_message(
     """The bytes a scope token's MAC covers (layout in the module docstring).
 
     Raises:
+        InvalidScope: a field is not a valid scope field (not a non-empty printable
+            string of at most 256 characters the audit store can hold).
         ScopeTokenError: ``expires_at`` is not an int in ``0..2**64-1``.
     """
+    check_scope_field("tenant", tenant)
+    check_scope_field("classification", classification)
+    check_scope_field("template_version", template_version)
     if isinstance(expires_at, bool) or not isinstance(expires_at, int) or not expires_at >= 0:
         raise ScopeTokenError(f"expires_at must be a non-negative int, got {expires_at!r}")
     if expires_at >= 2**64:
@@ -97,7 +113,8 @@ def sign_scope_token(
 
     Raises:
         BindingConfigError: the key is shorter than 32 bytes.
-        ScopeTokenError: ``expires_at`` is not a non-negative int.
+        InvalidScope: a field is not a valid scope field.
+        ScopeTokenError: ``expires_at`` is not an int in ``0..2**64-1``.
     """
     message = scope_token_message(
         tenant=tenant,
@@ -147,26 +164,28 @@ class ScopeTokenVerifier:
         """Accept the token for exactly these fields, or raise.
 
         Raises:
-            ScopeTokenError: no token, not of the form ``v1.<expiry>.<mac>``, expired,
-                valid for longer than the maximum, or not the MAC of these fields.
+            InvalidScope: a field is not a valid scope field (checked first, so a field
+                the audit store cannot hold is refused, not encoded).
+            ScopeTokenError: no token, not exactly of the form ``v1.<expiry>.<mac>``,
+                expired, valid for longer than the maximum, or not the MAC of these fields.
         """
+        message_fields = {
+            "tenant": check_scope_field("tenant", tenant),
+            "classification": check_scope_field("classification", classification),
+            "template_version": check_scope_field("template_version", template_version),
+        }
         if token is None:
             raise ScopeTokenError(
                 "the request carries no kvgov_scope_token; the front end must sign the "
                 "scope it sets (kvgov.govern.vllm.scope_token.sign_scope_token)"
             )
-        if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS:
-            raise ScopeTokenError(
-                "kvgov_scope_token must be a string of the form v1.<expiry>.<mac>"
-            )
-        parts = token.split(".")
-        if len(parts) != 3 or parts[0] != _VERSION or not parts[1].isdigit():
-            raise ScopeTokenError("kvgov_scope_token must be of the form v1.<expiry>.<mac>")
-        try:
-            mac = bytes.fromhex(parts[2])
-        except ValueError:
-            raise ScopeTokenError("the token's MAC is not hex") from None
-        expires_at = int(parts[1])
+        match = _TOKEN.fullmatch(token) if isinstance(token, str) else None
+        if match is None:
+            raise ScopeTokenError(_FORM)
+        expires_at = int(match[1])
+        if expires_at >= 2**64:
+            raise ScopeTokenError("the token's expiry is beyond 2**64 - 1")
+        mac = bytes.fromhex(match[2])
         now = self._clock()
         if expires_at <= now:
             raise ScopeTokenError(f"the token expired at {expires_at} (now {int(now)})")
@@ -176,14 +195,7 @@ class ScopeTokenVerifier:
                 "mint short-lived tokens"
             )
         expected = hmac.digest(
-            self._key,
-            scope_token_message(
-                tenant=tenant,
-                classification=classification,
-                template_version=template_version,
-                expires_at=expires_at,
-            ),
-            "sha256",
+            self._key, scope_token_message(**message_fields, expires_at=expires_at), "sha256"
         )
         if not hmac.compare_digest(mac, expected):
             raise ScopeTokenError(

@@ -56,7 +56,8 @@ class BindingSettings:
         default_template: the template version of a request that names none; None
             refuses such requests.
         require_scope_token: refuse every request whose scope is not signed by the
-            front end (``kvgov_scope_token``); needs a scope-token key.
+            front end (``kvgov_scope_token``), including one whose fields all come from
+            the defaults (the token then signs the default values); needs a scope-token key.
         scope_token_key_file: a file holding the scope-token key (else
             ``KVGOV_SCOPE_TOKEN_KEY``).
         scope_token_max_ttl: the longest a scope token may still be valid for when it

@@ -213,3 +213,12 @@ def test_extra_keys_without_a_canonical_encoding_are_refused(bad: tuple[object, 
     """A float, an object or a dict cannot be keyed safely: InvalidArgument."""
     with pytest.raises(InvalidArgument):
         encode_extra_keys(bad)
+
+
+@pytest.mark.parametrize("bad", [("salt\ud800",), (("lora", "\udfff"),), (10**5000,)])
+def test_extra_keys_a_client_can_break_are_refused(bad: tuple[object, ...]) -> None:
+    """A lone surrogate (a client's cache salt, an adapter name) has no UTF-8 form and an
+    int beyond Python's int-to-text limit no digits: InvalidArgument, not UnicodeEncodeError
+    or ValueError, so the binding refuses the request instead of raising into vLLM."""
+    with pytest.raises(InvalidArgument):
+        encode_extra_keys(bad)

@@ -1,0 +1,285 @@
+"""What a client sends in a request's fields (no vLLM needed): a typed refusal, never a crash.
+
+A request's ``extra_args`` (``vllm_xargs``) is any JSON and any Unicode: the scope
+resolver, the token parser and the refusal event must turn all of it into
+"admitted" or "refused, audited", never into another exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvgov.audit import AuditQueries, verify
+from kvgov.exceptions import InvalidScope, ScopeTokenError
+from kvgov.govern import CacheScope, GovernedKVCache
+from kvgov.govern.scope import check_scope_field
+from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
+from kvgov.govern.vllm.refusal import ERROR_PATH, SCOPE_PATH, printable, refusal_event, refuse
+from kvgov.govern.vllm.scope_token import ScopeTokenVerifier
+
+from ..conftest import FakeClock
+
+KEY = b"front-end-key-" + b"x" * 32
+ENGINE = EngineScope("llama", "r1", "llama-tok", "t1")
+FIELDS = {"tenant": "acme", "classification": "internal", "template_version": "sys-v3"}
+XARGS = {"kvgov_tenant": "acme", "kvgov_classification": "internal", "kvgov_template": "sys-v3"}
+DEFAULTS = {
+    "default_tenant": "anon",
+    "default_classification": "public",
+    "default_template": "none",
+}
+
+ARABIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+FULLWIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
+
+# characters a client may send that break naive code: NUL, controls, lone surrogates,
+# bidi overrides, other scripts' digits, superscripts, wide and zero-width spaces
+NASTY = "\x00\x01\n\r\x7f\x85\ud800\udfff\u202e\u2066\u200b\ufeff\u3000\xa0²٣０𝟗Ａ"
+TEXT = st.text(
+    st.one_of(st.sampled_from(NASTY), st.characters(exclude_categories=())), max_size=40
+) | st.sampled_from(["acme", "internal", "a" * 256, "a" * 257, "x" * 100_000, ""])
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**5000, max_value=10**5000 + 1)  # beyond int-to-text
+    | st.floats()
+    | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _resolver(clock: FakeClock, *, require: bool = False, defaults: bool = False) -> ScopeResolver:
+    settings = BindingSettings(require_scope_token=require, **(DEFAULTS if defaults else {}))
+    return ScopeResolver(settings, ENGINE, ScopeTokenVerifier(KEY, clock=clock))
+
+
+def _token(clock: FakeClock, ttl: int = 60, **fields: str) -> str:
+    return sign_scope_token(KEY, **{**FIELDS, **fields}, expires_at=int(clock()) + ttl)
+
+
+# ------------------------------------------------------------------ the token's one spelling
+
+
+@pytest.mark.parametrize(
+    "respell",
+    [
+        pytest.param(lambda e, m: f"v1.{e}.{m.upper()}", id="upper-case-hex"),
+        pytest.param(lambda e, m: f"v1.0{e}.{m}", id="leading-zero"),
+        pytest.param(lambda e, m: f"v1. {e}.{m}", id="space"),
+        pytest.param(lambda e, m: f"v1.{e}.{m} ", id="trailing-space"),
+        pytest.param(lambda e, m: f"v1.{e}.{m}\n", id="trailing-newline"),
+        pytest.param(lambda e, m: f"v1.+{e}.{m}", id="plus-sign"),
+        pytest.param(lambda e, m: f"v1.{e[:-1]}².{m}", id="superscript-digit"),
+        pytest.param(
+            lambda e, m: "v1." + e.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")) + "." + m,
+            id="arabic-indic-digits",
+        ),
+        pytest.param(
+            lambda e, m: (
+                "v1." + e.translate(str.maketrans("0123456789", "０１２３４５６７８９")) + "." + m
+            ),
+            id="fullwidth-digits",
+        ),
+        pytest.param(lambda e, m: f"v1.{e}_0.{m}", id="underscore"),
+        pytest.param(lambda e, m: f"v1.{e}.{m[:-2]}", id="short-mac"),
+        pytest.param(lambda e, m: f"v1.{e}.{m}00", id="long-mac"),
+    ],
+)
+def test_a_token_has_one_spelling(respell: Callable[[str, str], str]) -> None:
+    """Another spelling of a valid token (case, zeros, spaces, other digits) is refused
+    as malformed: a ScopeTokenError, never a ValueError out of int()."""
+    clock = FakeClock()
+    _, expiry, mac = _token(clock).split(".")
+    verifier = ScopeTokenVerifier(KEY, clock=clock)
+    verifier.verify(f"v1.{expiry}.{mac}", **FIELDS)  # the one spelling
+    with pytest.raises(ScopeTokenError, match="of the form"):
+        verifier.verify(respell(expiry, mac), **FIELDS)
+
+
+def test_an_expiry_beyond_u64_is_refused_not_raised() -> None:
+    """20 digits may exceed 2**64 - 1: refused as a token error."""
+    token = f"v1.{2**64}.{'0' * 64}"
+    with pytest.raises(ScopeTokenError, match="2\\*\\*64"):
+        ScopeTokenVerifier(KEY, clock=FakeClock()).verify(token, **FIELDS)
+
+
+@pytest.mark.parametrize(
+    "tenant", ["acme\ud800", "acme\x00", "\u202eemca", "a" * 257, "", 7, ["acme"]]
+)
+def test_fields_are_checked_before_the_token(tenant: Any) -> None:
+    """A field the audit store cannot hold is refused (InvalidScope) before any encoding:
+    a lone surrogate raised UnicodeEncodeError out of the verifier before."""
+    clock = FakeClock()
+    with pytest.raises(InvalidScope):
+        ScopeTokenVerifier(KEY, clock=clock).verify(_token(clock), **{**FIELDS, "tenant": tenant})
+    with pytest.raises(InvalidScope):
+        sign_scope_token(KEY, **{**FIELDS, "tenant": tenant}, expires_at=int(clock()) + 60)
+
+
+# ------------------------------------------------------------------ scope resolution
+
+
+@pytest.mark.parametrize(
+    "xargs",
+    [
+        {**XARGS, "kvgov_tenant": "acme\ud800"},
+        {**XARGS, "kvgov_tenant": "\u202eemca"},
+        {**XARGS, "kvgov_classification": "internal\x00"},
+        {**XARGS, "kvgov_template": "x" * 100_000},
+        {**XARGS, "kvgov_tenant": 10**5000},
+        {**XARGS, "kvgov_tenant": {"nested": ["acme"]}},
+        ["kvgov_tenant", "acme"],
+    ],
+)
+@pytest.mark.parametrize("require", [False, True])
+def test_a_bad_field_is_refused_as_invalid_scope(xargs: Any, require: bool) -> None:
+    """Lone surrogates, bidi overrides, NUL, huge strings, huge ints, objects, a non-mapping:
+    InvalidScope whose message is short and printable (the client and the audit get it)."""
+    with pytest.raises(InvalidScope) as info:
+        _resolver(FakeClock(), require=require).resolve(xargs, None)
+    message = str(info.value)
+    assert message.isprintable() and len(message) < 400
+
+
+@pytest.mark.parametrize("xargs", [None, {}, dict.fromkeys(XARGS)])
+def test_require_scope_token_covers_the_defaulted_scope(xargs: Any) -> None:
+    """With require_scope_token and default scope settings, a request naming no scope (or
+    null fields) needs a token too; one signing the default values is admitted."""
+    clock = FakeClock()
+    resolver = _resolver(clock, require=True, defaults=True)
+    with pytest.raises(ScopeTokenError, match="no kvgov_scope_token"):
+        resolver.resolve(xargs, None)
+    token = _token(clock, tenant="anon", classification="public", template_version="none")
+    scope = resolver.resolve({**(xargs or {}), "kvgov_scope_token": token}, None)
+    assert (scope.tenant, scope.classification, scope.template_version) == (
+        "anon",
+        "public",
+        "none",
+    )
+    with pytest.raises(ScopeTokenError, match="does not match"):  # a token for other fields
+        resolver.resolve({**(xargs or {}), "kvgov_scope_token": _token(clock)}, None)
+
+
+def test_without_require_a_defaulted_scope_needs_no_token() -> None:
+    """require_scope_token off: the defaults admit an unscoped request unsigned (as documented)."""
+    scope = _resolver(FakeClock(), defaults=True).resolve(None, None)
+    assert scope.tenant == "anon"
+
+
+SCOPE_ARGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "kvgov_tenant": JSON | st.sampled_from(["acme", "anon"]),
+        "kvgov_classification": JSON | st.just("internal"),
+        "kvgov_template": JSON | st.just("sys-v3"),
+        "kvgov_scope_token": JSON | st.just("sign"),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(xargs=st.one_of(SCOPE_ARGS, JSON), require=st.booleans(), defaults=st.booleans())
+def test_any_extra_args_resolve_or_are_refused(xargs: Any, require: bool, defaults: bool) -> None:
+    """Any JSON as extra_args: a scope, or InvalidScope / ScopeTokenError; with tokens
+    required, a scope only under a valid token over exactly its fields."""
+    clock = FakeClock()
+    if isinstance(xargs, dict) and xargs.get("kvgov_scope_token") == "sign":
+        signed = {k: xargs.get(f"kvgov_{k}") for k in ("tenant", "classification", "template")}
+        if all(isinstance(v, str) and v for v in signed.values()):
+            with contextlib.suppress(InvalidScope):  # an invalid field: left unsigned
+                xargs["kvgov_scope_token"] = _token(
+                    clock,
+                    tenant=signed["tenant"],
+                    classification=signed["classification"],
+                    template_version=signed["template"],
+                )
+    try:
+        scope = _resolver(clock, require=require, defaults=defaults).resolve(xargs, None)
+    except (InvalidScope, ScopeTokenError) as exc:
+        assert str(exc).isprintable()
+        return
+    assert isinstance(scope, CacheScope)
+    if require:
+        assert isinstance(xargs, dict)
+        assert isinstance(xargs.get("kvgov_scope_token"), str)
+        ScopeTokenVerifier(KEY, clock=clock).verify(
+            xargs["kvgov_scope_token"],
+            tenant=scope.tenant,
+            classification=scope.classification,
+            template_version=scope.template_version,
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(token=JSON, tenant=JSON)
+def test_any_token_and_fields_verify_or_are_refused(token: Any, tenant: Any) -> None:
+    """The verifier raises InvalidScope or ScopeTokenError for anything, never another error."""
+    with pytest.raises((InvalidScope, ScopeTokenError)):
+        ScopeTokenVerifier(KEY, clock=FakeClock()).verify(token, **{**FIELDS, "tenant": tenant})
+
+
+# ------------------------------------------------------------------ the refusal event
+
+
+@pytest.fixture()
+def cache(make_cache: Callable[..., GovernedKVCache]) -> Iterator[GovernedKVCache]:
+    yield make_cache()
+
+
+def test_a_lone_surrogate_tenant_is_refused_and_audited(
+    cache: GovernedKVCache, audit_url: str
+) -> None:
+    """The tenant of item 4 without a token: its refusal event is valid and written, its
+    claimed tenant escaped; the chain verifies."""
+    xargs = {**XARGS, "kvgov_tenant": "acme\ud800\u202e"}
+    with pytest.raises((InvalidScope, ScopeTokenError)) as info:
+        _resolver(FakeClock(), require=True).resolve(xargs, None)
+    message = refuse(cache.governor, "req-1", 12, str(info.value), xargs)
+    assert message.startswith("kvgov: ") and message.isprintable()
+    cache.audit.flush()
+    with AuditQueries(audit_url) as q:
+        (event,) = q.events(type="policy_denied")
+    assert event.sequence_id == "req-1" and event.token_count == 12
+    assert event.details["path"] == SCOPE_PATH
+    assert event.details["claimed"]["kvgov_tenant"] == "acme\\ud800\\u202e"
+    assert event.details["claimed"]["kvgov_classification"] == "internal"
+    assert event.decision_id is not None and event.decision_id in message
+    assert verify(audit_url).ok
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(seq_id=TEXT, num_tokens=st.integers(), reason=TEXT, xargs=st.one_of(SCOPE_ARGS, JSON))
+def test_any_refusal_is_audited(
+    cache: GovernedKVCache, seq_id: str, num_tokens: int, reason: str, xargs: Any
+) -> None:
+    """Whatever the request id, reason and extra_args hold, the refusal event constructs,
+    every text in it is printable, and refuse() records it and never raises."""
+    event = refusal_event(seq_id, num_tokens, reason, xargs, decision_id="d", path=ERROR_PATH)
+    assert event.details["reason"].isprintable()
+    assert event.sequence_id is not None and event.sequence_id.isprintable()
+    assert all(v.isprintable() for v in event.details["claimed"].values())
+    before = cache.audit.stats().recorded
+    message = refuse(cache.governor, seq_id, num_tokens, reason, xargs)
+    assert message.startswith("kvgov: ") and "could not be audited" not in message
+    assert message.isprintable()
+    assert cache.audit.stats().recorded == before + 1
+
+
+def test_printable_escapes_and_bounds() -> None:
+    """Non-printable characters become escapes; the length bound holds."""
+    assert printable("a\x00\ud800\u202e\U000e0001b", 100) == "a\\x00\\ud800\\u202e\\U000e0001b"
+    assert printable("x" * 5000, 10) == "x" * 10
+    assert printable("\x00" * 50, 10) == "\\x00\\x00\\x"
+    assert check_scope_field("tenant", "acme") == "acme"
