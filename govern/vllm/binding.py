@@ -54,6 +54,7 @@ from ..assemble import open_parts
 from ..governor import Governor
 from ..results import ErasureReport, InvalidationReport
 from ..stats import CacheStats
+from . import fence
 from .pool import GovernedBlockPool, VllmPoolAdapter
 from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse
 from .requests import RequestGovernance, governed_block_hasher, has_extra_keys
@@ -174,7 +175,7 @@ class VllmGovernance:
         the traceback.
 
         Returns:
-            None if admitted (``request._kvgov`` set, its hasher replaced), else the
+            None if admitted (its governance set, its hasher replaced), else the
             reason to send its client (``"kvgov: ..."``); every refusal is audited
             (unless the audit trail itself is down: then the message says so).
         """
@@ -190,7 +191,7 @@ class VllmGovernance:
             return self._admit(request, seq_id, num_tokens, extra_args)
         except Exception as exc:
             _log.exception("kvgov: admitting request %r failed; refusing it", seq_id[:256])
-            state: RequestGovernance | None = getattr(request, "_kvgov", None)
+            state: RequestGovernance | None = fence.governance_of(request)
             if state is not None:  # refused after keying: it caches nothing
                 state.cacheable = False
                 with contextlib.suppress(Exception):
@@ -230,9 +231,9 @@ class VllmGovernance:
             block_size=self.block_size,
             has_extra=has_extra_keys(request),
         )
-        request._kvgov = state
-        if request._block_hasher is not None:  # None: prefix caching is off, nothing is hashed
-            request._block_hasher = governed_block_hasher
+        fence.set_governance(request, state)
+        if fence.block_hasher(request) is not None:  # None: prefix caching is off, nothing hashed
+            fence.set_block_hasher(request, governed_block_hasher)
             request.block_hashes.clear()  # whatever the engine's own hasher made
             try:
                 request.update_block_hashes()
@@ -252,7 +253,7 @@ class VllmGovernance:
         sharing policy, the hit is cut at the first refusal (audited), and the
         granting decisions are kept for the reuse audit at commit.
         """
-        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        state: RequestGovernance | None = fence.governance_of(request)
         if state is None or not state.shared or not hit_blocks:
             return len(hit_blocks)
         self.drain()
@@ -268,7 +269,7 @@ class VllmGovernance:
         Records the owner of the new blocks; audits the admission the first time and
         every committed reuse (the owner and requester tenants, tokens reused).
         """
-        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        state: RequestGovernance | None = fence.governance_of(request)
         if state is None:
             return
         gov = self.gov
@@ -298,7 +299,7 @@ class VllmGovernance:
 
     def _keyed(self, request: Any, block_ids: list[int]) -> None:
         """vLLM cached the request's full blocks: give them the request's retention."""
-        state: RequestGovernance | None = getattr(request, "_kvgov", None)
+        state: RequestGovernance | None = fence.governance_of(request)
         if state is not None and state.plan.ttl is not None:
             self.gov.deadlines.keyed(block_ids, state.plan.ttl)
 

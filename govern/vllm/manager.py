@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
+from . import fence
+
 if TYPE_CHECKING:
     from .binding import VllmGovernance
 
@@ -32,17 +34,13 @@ class GovernedKVCacheManager(KVCacheManager):
     @classmethod
     def adopt(cls, manager: KVCacheManager, binding: VllmGovernance) -> GovernedKVCacheManager:
         """Re-class the manager vLLM built and attach the binding."""
-        if not isinstance(manager, cls):
-            manager.__class__ = cls
-        governed: GovernedKVCacheManager = manager
+        governed = fence.reclass(manager, cls)
         governed.kvgov = binding
         # The forced needs_kv_cache_zeroing makes vLLM record every new block's id for
         # zeroing (a generator over the blocks per allocation); the governed scheduler
         # orders its own zeroing (every block that left an owner) and drops that record,
         # so it is not kept at all.
-        for mgr in governed.coordinator.single_type_managers:
-            if getattr(mgr, "_record_new_block_ids", False):
-                mgr._record_new_block_ids = False
+        fence.stop_recording_new_block_ids(governed)
         return governed
 
     def get_computed_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -75,7 +73,7 @@ class GovernedKVCacheManager(KVCacheManager):
             if num_new_computed_tokens and new_computed_blocks is not None:
                 hit = new_computed_blocks.blocks[0][: num_new_computed_tokens // binding.block_size]
             new = result.blocks[0] if result.blocks else ()
-            state = getattr(request, "_kvgov", None)
+            state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
                 binding.allocated(request, new, hit)
         return result

@@ -32,6 +32,7 @@ general plugins, and a stock engine must keep starting.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kvgov.exceptions import UnsupportedEngine
@@ -39,21 +40,20 @@ from kvgov.exceptions import UnsupportedEngine
 __all__ = ["check_registered", "register"]
 
 _log = logging.getLogger("kvgov.vllm")
-_MARK = "_kvgov"
 
 
 def register() -> None:
     """Install kvgov's hooks in this vLLM process (see the module docstring). Idempotent."""
     try:
-        from . import compat
+        from . import fence
 
-        compat.check_version()
+        fence.check_version()
     except Exception as exc:  # an untested vLLM: the governed scheduler refuses to start
         _log.warning("kvgov: vLLM plugin not installed: %s", exc)
         return
-    _force_zeroing()
+    fence.force_kv_cache_zeroing()
     _install_engine_hooks()
-    if compat.needs_frontend_shim():
+    if fence.needs_frontend_shim():
         _install_frontend_shim()
 
 
@@ -65,13 +65,9 @@ def check_registered() -> None:
             missing (kvgov not installed in the engine's environment, or excluded
             with ``VLLM_PLUGINS``).
     """
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from . import fence
 
-    prop = KVCacheConfig.__dict__.get("needs_kv_cache_zeroing")
-    forced = getattr(getattr(prop, "fget", None), _MARK, False)
-    hooked = getattr(EngineCore.preprocess_add_request, _MARK, False)
-    if not (forced and hooked):
+    if not (fence.kv_cache_zeroing_forced() and fence.engine_hooked()):
         raise UnsupportedEngine(
             "this engine: kvgov's vLLM plugin did not run in the engine process, so freed "
             "KV blocks would not be zeroed in the workers",
@@ -81,39 +77,20 @@ def check_registered() -> None:
         )
 
 
-def _force_zeroing() -> None:
-    from vllm.v1.kv_cache_interface import KVCacheConfig
-
-    prop = KVCacheConfig.__dict__.get("needs_kv_cache_zeroing")
-    if getattr(getattr(prop, "fget", None), _MARK, False):
-        return
-
-    def needs_kv_cache_zeroing(self: Any) -> bool:
-        """Forced on by kvgov: blocks that leave an owner are zeroed in the workers."""
-        return True
-
-    setattr(needs_kv_cache_zeroing, _MARK, True)
-    KVCacheConfig.needs_kv_cache_zeroing = property(needs_kv_cache_zeroing)
-
-
 def _install_engine_hooks() -> None:
-    from vllm.v1.engine.core import EngineCore
-
+    from . import fence
     from .requests import deferred_block_hasher
 
-    original = EngineCore.preprocess_add_request
-    if getattr(original, _MARK, False):
+    if fence.engine_hooked():
         return
 
-    def preprocess_add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        hasher = self.request_block_hasher
-        if (
-            hasher is not None
-            and hasher is not deferred_block_hasher
-            and getattr(self.scheduler, "kvgov_defers_hashing", False)
-        ):
-            self.request_block_hasher = deferred_block_hasher
-        return original(self, request, *args, **kwargs)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def preprocess_add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self.scheduler, "kvgov_defers_hashing", False):
+                fence.set_engine_hasher(self, deferred_block_hasher)
+            return original(self, request, *args, **kwargs)
+
+        return preprocess_add_request
 
     def kvgov_call(self: Any, op: str, *args: Any) -> Any:
         """Run one of the governed scheduler's operations (purge_tenant, invalidate, ...)."""
@@ -125,9 +102,8 @@ def _install_engine_hooks() -> None:
             )
         return call(op, *args)
 
-    setattr(preprocess_add_request, _MARK, True)
-    EngineCore.preprocess_add_request = preprocess_add_request
-    EngineCore.kvgov_call = kvgov_call
+    fence.wrap_preprocess_add_request(wrap)
+    fence.add_engine_call(kvgov_call)
 
 
 def _install_frontend_shim() -> None:
@@ -136,27 +112,26 @@ def _install_frontend_shim() -> None:
 
     from vllm.exceptions import GracefulHTTPError
     from vllm.v1.engine import FinishReason
-    from vllm.v1.engine.output_processor import OutputProcessor
 
-    original = OutputProcessor.process_outputs
-    if getattr(original, _MARK, False):
-        return
+    from . import fence
 
-    def process_outputs(self: Any, engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        keep = engine_core_outputs
-        for out in engine_core_outputs:
-            if (
-                out.finish_reason == FinishReason.ERROR
-                and isinstance(out.stop_reason, str)
-                and out.stop_reason.startswith("kvgov:")
-            ):
-                state = self.request_states.get(out.request_id)
-                if state is None or state.queue is None:  # LLM(...): the normal path reports it
-                    continue
-                state.queue.put(GracefulHTTPError(out.stop_reason, HTTPStatus.FORBIDDEN))
-                self._finish_request(state)
-                keep = [x for x in keep if x is not out]
-        return original(self, keep, *args, **kwargs)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def process_outputs(self: Any, engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            keep = engine_core_outputs
+            for out in engine_core_outputs:
+                if (
+                    out.finish_reason == FinishReason.ERROR
+                    and isinstance(out.stop_reason, str)
+                    and out.stop_reason.startswith("kvgov:")
+                ):
+                    state = self.request_states.get(out.request_id)
+                    if state is None or state.queue is None:  # LLM(...): the normal path reports
+                        continue
+                    state.queue.put(GracefulHTTPError(out.stop_reason, HTTPStatus.FORBIDDEN))
+                    fence.finish_output_request(self, state)
+                    keep = [x for x in keep if x is not out]
+            return original(self, keep, *args, **kwargs)
 
-    setattr(process_outputs, _MARK, True)
-    OutputProcessor.process_outputs = process_outputs
+        return process_outputs
+
+    fence.wrap_process_outputs(wrap)

@@ -54,6 +54,9 @@ from kvgov.allocator import (
 )
 from kvgov.exceptions import InternalError, InvalidSpec, UnknownBlock, UnsupportedEngine
 
+from . import fence
+from .fence import block_hash
+
 __all__ = ["GovernedBlockPool", "KeyedHook", "VllmPoolAdapter"]
 
 #: Called with (request, block ids) when vLLM caches a request's full blocks.
@@ -71,9 +74,10 @@ class GovernedBlockPool(BlockPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._kvgov_init()
+        self.kvgov_init()
 
-    def _kvgov_init(self) -> None:
+    def kvgov_init(self) -> None:
+        """Set kvgov's fields on the pool (a built pool, or one just adopted)."""
         # Ids ordered zeroed, not yet handed to a step, and who owned each when it was
         # ordered (the binding's owner table, read then); only this pool appends, the
         # binding takes them (take_zero_orders).
@@ -94,10 +98,10 @@ class GovernedBlockPool(BlockPool):
     @classmethod
     def adopt(cls, pool: BlockPool) -> GovernedBlockPool:
         """Turn the pool vLLM built into a governed one, in place (see the module docstring)."""
-        if not isinstance(pool, cls):
-            pool.__class__ = cls
-            pool._kvgov_init()
-        governed: GovernedBlockPool = pool
+        if isinstance(pool, cls):
+            return pool
+        governed = fence.reclass(pool, cls)
+        governed.kvgov_init()
         return governed
 
     def take_zero_orders(self) -> tuple[list[int], list[Any]]:
@@ -124,12 +128,10 @@ class GovernedBlockPool(BlockPool):
         # first (one walk, cheaper than wrapping the per-block eviction call).
         if self.enable_caching and 0 < num_blocks <= self.free_block_queue.num_free_blocks:
             extra = self.cached_block_hashes_by_block
-            blk = self.free_block_queue.fake_free_list_head.next_free_block
             evicted: list[KVCacheBlock] = []
-            for _ in range(num_blocks):
-                if blk._block_hash is not None or (extra and blk.block_id in extra):
+            for blk in fence.free_queue_ahead(self.free_block_queue, num_blocks):
+                if block_hash(blk) is not None or (extra and blk.block_id in extra):
                     evicted.append(blk)
-                blk = blk.next_free_block
             if evicted:
                 self._kvgov_evicted(evicted, "capacity")
         blocks: list[KVCacheBlock] = super().get_new_blocks(num_blocks)
@@ -144,7 +146,7 @@ class GovernedBlockPool(BlockPool):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        state = getattr(request, "_kvgov", None)
+        state = fence.governance_of(request)
         if state is not None and not state.cacheable:
             return  # purged, invalidated or rotated while running: keep nothing more
         super().cache_full_blocks(
@@ -154,7 +156,7 @@ class GovernedBlockPool(BlockPool):
             ids = [
                 b.block_id
                 for b in blocks[num_cached_blocks:num_full_blocks]
-                if b._block_hash is not None and not b.is_null
+                if block_hash(b) is not None and not b.is_null
             ]
             if ids and self.kvgov_keyed is not None:
                 self.kvgov_keyed(request, ids)
@@ -167,7 +169,7 @@ class GovernedBlockPool(BlockPool):
         for b in blocks:
             if b.ref_cnt or b.is_null or (b.pool is not self and b.pool is not None):
                 continue  # still owned, the placeholder, or another pool's (it reports its own)
-            (freed if b._block_hash is None else cached).append(b.block_id)
+            (freed if block_hash(b) is None else cached).append(b.block_id)
         if cached:
             self.kvgov_events.append(BlocksCached(tuple(cached)))
         if freed:
@@ -178,8 +180,8 @@ class GovernedBlockPool(BlockPool):
         self.kvgov_evict(block_ids, "engine")
 
     def reset_prefix_cache(self) -> bool:
-        hashed = [b for b in self.blocks if b._block_hash is not None and not b.is_null]
-        keys = [b._block_hash for b in hashed]
+        hashed = [b for b in self.blocks if block_hash(b) is not None and not b.is_null]
+        keys = [block_hash(b) for b in hashed]
         if not super().reset_prefix_cache():
             return False
         if hashed:
@@ -240,19 +242,19 @@ class GovernedBlockPool(BlockPool):
             if i in seen or b.is_null:
                 continue
             seen.add(i)
-            if b._block_hash is not None or (extra and i in extra):
+            if block_hash(b) is not None or (extra and i in extra):
                 hashed.append(b)
         free_now = [b for b in hashed if b.ref_cnt == 0]
         if free_now:
             self._kvgov_evicted(free_now, reason)
         for b in hashed:
-            self._maybe_evict_cached_block(b)
+            fence.evict_cached_block(self, b)
         return [b.block_id for b in free_now], [b.block_id for b in hashed if b.ref_cnt]
 
     def _kvgov_evicted(self, blocks: list[KVCacheBlock], reason: str) -> None:
         """Report cached blocks leaving their owner (called before vLLM drops their hash)."""
         ids = [b.block_id for b in blocks]
-        keys = tuple(get_block_hash(b._block_hash) if b._block_hash else b"" for b in blocks)
+        keys = tuple(get_block_hash(k) if (k := block_hash(b)) else b"" for b in blocks)
         self.kvgov_events.append(BlocksEvicted(tuple(ids), keys, reason))
         self._kvgov_order_zero(ids)
 
@@ -378,7 +380,7 @@ class VllmPoolAdapter:
             b = blocks[i]
             if b.ref_cnt > 0 and not b.is_null:
                 out.append(BlockState.OWNED)
-            elif b._block_hash is not None and not b.is_null:
+            elif block_hash(b) is not None and not b.is_null:
                 out.append(BlockState.CACHED)
             else:
                 out.append(BlockState.FREE)

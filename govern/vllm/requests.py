@@ -1,6 +1,6 @@
 """What the binding keeps on a vLLM request, and the keyed block hasher that replaces vLLM's.
 
-vLLM keeps a per-request block hasher (``request._block_hasher``) and extends
+vLLM keeps a per-request block hasher (``Request._block_hasher``, see :mod:`.fence`) and extends
 ``request.block_hashes`` with it as tokens arrive; those hashes are the keys of
 its prefix cache. The binding replaces it, at admission, with
 :func:`governed_block_hasher`: kvgov's chain (:mod:`kvgov.govern.keys`) in the
@@ -27,13 +27,13 @@ from ..keys import CacheKey, KeyDeriver, encode_extra_keys, pack_tokens
 from ..plan import KeyPlan
 from ..scope import CacheScope
 from ..views import ScopeView
-from . import compat
+from . import fence
 
 __all__ = ["RequestGovernance", "deferred_block_hasher", "governed_block_hasher"]
 
 
 class RequestGovernance:
-    """The governance of one vLLM request (``request._kvgov``).
+    """The governance of one vLLM request (kept on it: :func:`.fence.governance_of`).
 
     Fields are set at admission (``add_request``); the binding changes
     ``admitted`` and ``granted``, erasure clears ``cacheable``. It is what
@@ -102,14 +102,14 @@ def governed_block_hasher(request: Any) -> list[CacheKey]:
     """vLLM's hasher contract: the hashes of the request's full blocks not hashed yet.
 
     Args:
-        request: a vLLM ``Request`` the binding admitted (``request._kvgov`` set).
+        request: a vLLM ``Request`` the binding admitted (its governance set).
 
     Returns:
         One :class:`~kvgov.govern.keys.CacheKey` per new full block; none once the
         request may cache nothing more.
     """
-    state: RequestGovernance = request._kvgov
-    if not state.cacheable:
+    state = fence.governance_of(request)
+    if state is None or not state.cacheable:
         return []
     bs = state.block_size
     hashes = request.block_hashes
@@ -126,7 +126,7 @@ def governed_block_hasher(request: Any) -> list[CacheKey]:
     mm_index = 0
     for i in range(count):
         first = start + i * bs
-        keys, mm_index = compat.block_extra_keys(request, first, first + bs, mm_index)
+        keys, mm_index = fence.block_extra_keys(request, first, first + bs, mm_index)
         extras.append(encode_extra_keys(keys))
     return state.deriver.derive_chain_extras(parent, packed, digest, bs, extras)
 

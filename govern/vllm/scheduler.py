@@ -17,6 +17,7 @@ points vLLM itself calls:
                                   request is kept out of the queues
 ``schedule``                      retention sweep first (vLLM's own schedule follows)
 ``_get_new_block_ids_to_zero``    the ids that left an owner go to this step's workers
+                                  (through :class:`.fence.SchedulerOverrides`)
 ``has_requests``                  also true while zeroing or a refusal is pending, so an
                                   idle engine runs the step that carries them
 ``update_from_output``            "done" for the step's zeroing; refusals reach clients
@@ -49,7 +50,7 @@ from vllm.v1.request import RequestStatus
 from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 
 from ..erasure import SCOPE_FILTERS
-from . import compat, plugin
+from . import fence, plugin
 from .binding import VllmGovernance
 from .manager import GovernedKVCacheManager
 from .pool import GovernedBlockPool
@@ -61,7 +62,7 @@ __all__ = ["GovernedAsyncScheduler", "GovernedScheduler", "GovernedSchedulerMixi
 OPERATIONS = ("invalidate", "purge_tenant", "rotate_secret", "state", "stats", "sweep")
 
 
-class GovernedSchedulerMixin:
+class GovernedSchedulerMixin(fence.SchedulerOverrides):
     """The governance, mixed in before vLLM's ``Scheduler`` or ``AsyncScheduler``.
 
     A test may build the scheduler with ``object.__new__`` and set only vLLM's
@@ -80,11 +81,10 @@ class GovernedSchedulerMixin:
     kv_cache_manager: Any
     hash_block_size: int
     requests: dict[str, Any]
-    _free_request: Callable[..., Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         plugin.check_registered()
-        compat.check_version()
+        fence.check_version()
         super().__init__(*args, **kwargs)
         self._kvgov_refused: dict[str, tuple[Any, str]] = {}
         _check_governable(self)
@@ -123,10 +123,11 @@ class GovernedSchedulerMixin:
             self.kvgov.sweep_due()
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
-    def _get_new_block_ids_to_zero(self) -> list[int] | None:
+    def kvgov_block_ids_to_zero(self) -> list[int] | None:
+        """This step's ``new_block_ids_to_zero``: every block that left an owner since the last."""
         binding = self.kvgov
         if binding is None:
-            return super()._get_new_block_ids_to_zero()  # type: ignore[misc, no-any-return]
+            return super().kvgov_block_ids_to_zero()
         # what the forced flag makes vLLM record (every new block; the manager's adopt
         # turned the record off): not needed, every block that left an owner was ordered
         # zeroed already (docs/vllm.md, "Cost")
@@ -159,8 +160,8 @@ class GovernedSchedulerMixin:
                 continue  # aborted meanwhile: vLLM finished it
             request.status = RequestStatus.FINISHED_ERROR
             request.stop_reason = message
-            self._free_request(request)
-            out = compat.error_output(request, message)
+            fence.free_request(self, request)
+            out = fence.error_output(request, message)
             batch = outputs.get(request.client_index)
             if batch is None:
                 outputs[request.client_index] = batch = EngineCoreOutputs(outputs=[])
@@ -177,7 +178,7 @@ class GovernedSchedulerMixin:
 
     def kvgov_live(self) -> list[RequestGovernance]:
         """The governance of every request vLLM still holds."""
-        return [s for r in self.requests.values() if (s := getattr(r, "_kvgov", None)) is not None]
+        return [s for r in self.requests.values() if (s := fence.governance_of(r)) is not None]
 
     def kvgov_call(self, op: str, *args: Any) -> Any:
         """Run an erasure or maintenance operation; results are plain dicts.
@@ -272,7 +273,7 @@ def _check_governable(sched: Any) -> None:
             f"{groups[0].kv_cache_spec.block_size} tokens",
             "use one block size",
         )
-    if compat.hash_lookahead_tokens(sched.vllm_config):
+    if fence.hash_lookahead_tokens(sched.vllm_config):
         raise UnsupportedEngine(
             "lookahead block hashing (EAGLE / MTP speculative decoding)",
             "serve without a drafter that needs lookahead hashing",
@@ -304,7 +305,7 @@ def _pool_state(binding: VllmGovernance) -> dict[str, Any]:
             continue
         if b.ref_cnt:
             owned.append(b.block_id)
-        elif b._block_hash is not None:
+        elif fence.block_hash(b) is not None:
             cached.append(b.block_id)
     return {
         "num_blocks": len(binding.pool.blocks),

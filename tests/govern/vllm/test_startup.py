@@ -56,9 +56,9 @@ def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
 
 def test_lookahead_hashing_is_refused(vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """EAGLE/MTP lookahead hashing (vLLM 0.33) is not mirrored by kvgov's chain: refused."""
-    from kvgov.govern.vllm import compat
+    from kvgov.govern.vllm import fence
 
-    monkeypatch.setattr(compat, "hash_lookahead_tokens", lambda config: 1)
+    monkeypatch.setattr(fence, "hash_lookahead_tokens", lambda config: 1)
     with pytest.raises(UnsupportedEngine, match="lookahead"):
         vllm.scheduler()
 
@@ -69,13 +69,13 @@ def test_lookahead_hashing_is_refused(vllm: Any, monkeypatch: pytest.MonkeyPatch
 )
 def test_only_the_tested_vllm_minors_are_accepted(version: str, ok: bool) -> None:
     """0.32.x and 0.33.x run; any other version is refused with what to install."""
-    from kvgov.govern.vllm import compat
+    from kvgov.govern.vllm import fence
 
     if ok:
-        compat.check_version(version)
+        fence.check_version(version)
     else:
         with pytest.raises(UnsupportedEngine, match="kvgov\\[vllm\\]"):
-            compat.check_version(version)
+            fence.check_version(version)
 
 
 def test_without_the_plugin_the_scheduler_refuses_to_start(

@@ -1,0 +1,495 @@
+"""vLLM's internals behind one fence: every private name of vLLM that kvgov touches.
+
+vLLM has a public extension surface for some things (KV connectors, general
+plugins, ``--scheduler-cls``), but governing its prefix cache needs more: the
+hash on a block, the hasher on a request, the pool's free queue, the scheduler's
+private free path, the zeroing list of a step. This module is the only place in
+kvgov that reads, writes, calls, overrides or patches those names; the rest of
+the binding goes through the accessors here, and ``tests/govern/vllm/test_fence.py``
+fails on a private name of a vLLM object used anywhere else. kvgov's own
+attributes kept on vLLM objects (a request's governance) are reached here too,
+so the rule has no exception: no ``._name`` on a vLLM object outside the fence.
+
+:data:`TOUCHED` lists every name, with where it lives in vLLM, why kvgov needs
+it and what differs by version; docs/vllm.md's table "What kvgov touches in
+vLLM, and why" is checked against it. An upgrade of vLLM starts here.
+
+What differs between the vLLM minors the binding supports (0.32 and 0.33),
+and what the binding does about it:
+
+* ``EngineCoreOutput.error`` (a ``RequestError``) exists only in 0.33: there a
+  refused request reaches an OpenAI client as HTTP 400 with kvgov's reason
+  (``validation_error``). 0.32 has no such field and would answer HTTP 500
+  without a reason, so the general plugin installs a shim in the API process
+  that answers HTTP 403 with the reason (:func:`needs_frontend_shim`).
+* ``num_hash_lookahead_tokens`` (EAGLE/MTP lookahead hashing) exists only in
+  0.33; the binding refuses it when non-zero (:func:`hash_lookahead_tokens`).
+* ``get_request_block_hasher`` takes a third argument in 0.33; kvgov never
+  calls it (the engine's hasher is swapped for :func:`~.requests.deferred_block_hasher`,
+  which takes the request only, as both minors call it).
+* ``BlockPool.free_blocks`` / ``touch`` handle the null block in a different
+  order; the governed pool's post-pass skips it either way.
+
+Every private name in :data:`TOUCHED` is the same in both minors. Any other
+minor is refused at start (:func:`check_version`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import vllm
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
+from vllm.v1.engine import EngineCoreOutput, FinishReason
+
+from kvgov.exceptions import UnsupportedEngine
+
+if TYPE_CHECKING:
+    from .requests import RequestGovernance
+
+__all__ = [
+    "HAS_OUTPUT_ERROR",
+    "SUPPORTED_MINORS",
+    "TOUCHED",
+    "VLLM_VERSION",
+    "SchedulerOverrides",
+    "Touch",
+    "add_engine_call",
+    "block_extra_keys",
+    "block_hash",
+    "block_hasher",
+    "check_version",
+    "engine_hooked",
+    "error_output",
+    "evict_cached_block",
+    "finish_output_request",
+    "force_kv_cache_zeroing",
+    "free_queue_ahead",
+    "free_request",
+    "governance_of",
+    "hash_lookahead_tokens",
+    "kv_cache_zeroing_forced",
+    "needs_frontend_shim",
+    "reclass",
+    "set_block_hasher",
+    "set_engine_hasher",
+    "set_governance",
+    "stop_recording_new_block_ids",
+    "wrap_preprocess_add_request",
+    "wrap_process_outputs",
+]
+
+_T = TypeVar("_T")
+
+#: The installed vLLM's version string.
+VLLM_VERSION: str = vllm.__version__
+#: The (major, minor) versions the binding is tested on.
+SUPPORTED_MINORS = ((0, 32), (0, 33))
+#: Whether a finished output can carry a ``RequestError`` (0.33).
+HAS_OUTPUT_ERROR: bool = "error" in EngineCoreOutput.__struct_fields__
+
+#: vLLM's extra keys of one block (LoRA, multimodal items, cache salt, prompt
+#: embeddings): ``(request, start, end, start_mm_idx) -> (keys or None, next_mm_idx)``;
+#: the same function and shapes in both minors.
+block_extra_keys = generate_block_hash_extra_keys
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else -1)
+    return tuple(parts)
+
+
+def check_version(version: str = VLLM_VERSION) -> None:
+    """Refuse a vLLM minor the binding was not tested on.
+
+    Raises:
+        UnsupportedEngine: the version is not 0.32.x or 0.33.x.
+    """
+    if _minor(version) not in SUPPORTED_MINORS:
+        raise UnsupportedEngine(
+            f"vLLM {version}",
+            "install a tested version: pip install 'kvgov[vllm]' (vLLM 0.32.x or 0.33.x)",
+        )
+
+
+def needs_frontend_shim() -> bool:
+    """Whether refusals need the API-process shim to reach clients with a reason (0.32)."""
+    return not HAS_OUTPUT_ERROR
+
+
+def hash_lookahead_tokens(vllm_config: Any) -> int:
+    """Tokens after each block its hash covers (0.33's EAGLE/MTP lookahead; 0 on 0.32)."""
+    return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+
+
+def error_output(request: Any, message: str) -> EngineCoreOutput:
+    """The output that finishes a refused request with a reason its client can read.
+
+    Args:
+        request: the vLLM ``Request``.
+        message: the reason, starting with ``kvgov:``.
+
+    Returns:
+        An ``EngineCoreOutput`` with ``FinishReason.ERROR`` and ``stop_reason``
+        set to the message; on 0.33 also ``error=RequestError("validation_error",
+        message)`` (HTTP 400 with the message).
+    """
+    kwargs: dict[str, Any] = {
+        "request_id": request.request_id,
+        "new_token_ids": [],
+        "finish_reason": FinishReason.ERROR,
+        "stop_reason": message,
+        "events": request.take_events(),
+        "trace_headers": request.trace_headers,
+    }
+    if HAS_OUTPUT_ERROR:
+        from vllm.outputs import RequestError
+
+        kwargs["error"] = RequestError(code="validation_error", message=message)
+    return EngineCoreOutput(**kwargs)
+
+
+# ---------------------------------------------------------------------- the registry
+
+
+class Touch(NamedTuple):
+    """One name of vLLM's that kvgov touches (a row of docs/vllm.md's table)."""
+
+    #: ``Class.name`` in vLLM (or ``Class`` for a re-class).
+    name: str
+    #: private attribute, internal attribute, private method, override, re-class,
+    #: patch, or kvgov attribute (kvgov's own name kept on a vLLM object).
+    kind: str
+    #: The vLLM module that defines it.
+    where: str
+    #: Why kvgov needs it.
+    why: str
+    #: What changes by version.
+    versions: str
+
+
+_SAME = "same in 0.32 and 0.33"
+
+#: Every vLLM internal this module touches; docs/vllm.md's table is checked against it.
+TOUCHED: tuple[Touch, ...] = (
+    Touch(
+        "KVCacheBlock._block_hash",
+        "private attribute (read)",
+        "vllm.v1.core.kv_cache_utils",
+        "whether a block is cached (findable by key) and under which hash: block states, "
+        "eviction reports, lazy evictions; read directly, vLLM's block_hash property costs "
+        "a call per block on the hottest paths",
+        _SAME,
+    ),
+    Touch(
+        "FreeKVCacheBlockQueue.fake_free_list_head",
+        "internal attribute (read)",
+        "vllm.v1.core.kv_cache_utils",
+        "the blocks get_new_blocks hands out next: the cached ones among them are evicted "
+        "there, lazily, and must be reported and ordered zeroed before vLLM drops their hash",
+        _SAME,
+    ),
+    Touch(
+        "KVCacheBlock.next_free_block",
+        "internal attribute (read)",
+        "vllm.v1.core.kv_cache_utils",
+        "walks the free queue from its head (above)",
+        _SAME,
+    ),
+    Touch(
+        "BlockPool._maybe_evict_cached_block",
+        "private method (call)",
+        "vllm.v1.core.block_pool",
+        "drops one block's hash (purge, invalidation, retention, a KV connector's "
+        "evict_blocks, which the governed pool overrides to report first)",
+        _SAME,
+    ),
+    Touch(
+        "BlockPool",
+        "re-class",
+        "vllm.v1.core.block_pool",
+        "the pool vLLM built becomes a GovernedBlockPool in place: the coordinator, the "
+        "managers and every block keep pointing at the same object",
+        _SAME,
+    ),
+    Touch(
+        "KVCacheManager",
+        "re-class",
+        "vllm.v1.core.kv_cache_manager",
+        "the scheduler's manager becomes a GovernedKVCacheManager in place (lookups "
+        "judged, commits recorded)",
+        _SAME,
+    ),
+    Touch(
+        "SingleTypeKVCacheManager._record_new_block_ids",
+        "private attribute (write)",
+        "vllm.v1.core.single_type_kv_cache_manager",
+        "turned off: the forced zeroing flag makes vLLM record every new block for zeroing; "
+        "the governed scheduler orders its own (every block that left an owner)",
+        _SAME,
+    ),
+    Touch(
+        "Scheduler._get_new_block_ids_to_zero",
+        "override",
+        "vllm.v1.core.sched.scheduler",
+        "the ids a step's workers zero before its forward pass: kvgov's orders (every block "
+        "that left an owner) replace vLLM's",
+        _SAME,
+    ),
+    Touch(
+        "Scheduler._free_request",
+        "private method (call)",
+        "vllm.v1.core.sched.scheduler",
+        "finishes a refused request as vLLM finishes any other (its state and blocks freed)",
+        _SAME,
+    ),
+    Touch(
+        "Request._block_hasher",
+        "private attribute (read, write)",
+        "vllm.v1.request",
+        "kvgov's keyed hasher replaces vLLM's at admission: a request's block hashes are "
+        "kvgov's scoped keys",
+        _SAME,
+    ),
+    Touch(
+        "Request._kvgov",
+        "kvgov attribute (read, write)",
+        "vllm.v1.request",
+        "the request's governance (scope, admission, plan), kept on vLLM's request so "
+        "every hook finds it",
+        "kvgov's own name: none",
+    ),
+    Touch(
+        "EngineCore.request_block_hasher",
+        "internal attribute (read, write)",
+        "vllm.v1.engine.core",
+        "a governed engine hashes nothing when it builds a request: the scheduler hashes "
+        "each request once, in its namespace",
+        _SAME,
+    ),
+    Touch(
+        "KVCacheConfig.needs_kv_cache_zeroing",
+        "patch",
+        "vllm.v1.kv_cache_interface",
+        "forced true in every process: a worker builds its KV zeroer only when it is",
+        _SAME,
+    ),
+    Touch(
+        "EngineCore.preprocess_add_request",
+        "patch",
+        "vllm.v1.engine.core",
+        "wrapped: swaps the engine's hasher (above) when the scheduler is governed",
+        _SAME,
+    ),
+    Touch(
+        "EngineCore.kvgov_call",
+        "patch",
+        "vllm.v1.engine.core",
+        "added: the engine utility that runs erasure and maintenance between steps",
+        _SAME,
+    ),
+    Touch(
+        "OutputProcessor.process_outputs",
+        "patch",
+        "vllm.v1.engine.output_processor",
+        "wrapped in the API process: a refusal reaches its client as HTTP 403 with the reason",
+        "0.32 only (0.33 carries the reason in EngineCoreOutput.error)",
+    ),
+    Touch(
+        "OutputProcessor._finish_request",
+        "private method (call)",
+        "vllm.v1.engine.output_processor",
+        "the 0.32 shim finishes the refused request's state after answering its client",
+        "called on 0.32 only",
+    ),
+)
+
+
+# ---------------------------------------------------------------------- blocks and the pool
+
+
+def block_hash(block: Any) -> Any:
+    """``KVCacheBlock._block_hash``: the block's prefix-cache hash, None when not cached."""
+    return block._block_hash
+
+
+def free_queue_ahead(queue: Any, n: int) -> list[Any]:
+    """The first ``n`` blocks of vLLM's free queue, the ones it hands out next.
+
+    Walks ``FreeKVCacheBlockQueue.fake_free_list_head`` and ``next_free_block``;
+    the caller checks ``n <= queue.num_free_blocks``.
+    """
+    blocks = []
+    blk = queue.fake_free_list_head.next_free_block
+    for _ in range(n):
+        blocks.append(blk)
+        blk = blk.next_free_block
+    return blocks
+
+
+def evict_cached_block(pool: Any, block: Any) -> bool:
+    """``BlockPool._maybe_evict_cached_block``: drop the block's hash; True if it had one."""
+    return bool(pool._maybe_evict_cached_block(block))
+
+
+def reclass(obj: Any, cls: type[_T]) -> _T:
+    """Turn an object vLLM built into an instance of ``cls`` (a subclass of its class), in place.
+
+    Every reference vLLM holds to it stays valid; nothing but the class changes.
+    """
+    if not isinstance(obj, cls):
+        obj.__class__ = cls
+    adopted: _T = obj
+    return adopted
+
+
+def stop_recording_new_block_ids(manager: Any) -> None:
+    """Turn off ``SingleTypeKVCacheManager._record_new_block_ids`` in each of the manager's groups.
+
+    The forced ``needs_kv_cache_zeroing`` makes vLLM record every new block's id
+    for zeroing; the governed scheduler orders its own zeroing and drops that record.
+    """
+    for mgr in manager.coordinator.single_type_managers:
+        if getattr(mgr, "_record_new_block_ids", False):
+            mgr._record_new_block_ids = False
+
+
+# ---------------------------------------------------------------------- the scheduler
+
+
+class SchedulerOverrides:
+    """vLLM's private scheduler hooks kvgov overrides, each handed to a public ``kvgov_`` method.
+
+    Mixed in before vLLM's ``Scheduler``; the governed scheduler overrides the
+    ``kvgov_`` methods, whose defaults are vLLM's behaviour.
+    """
+
+    def _get_new_block_ids_to_zero(self) -> list[int] | None:
+        return self.kvgov_block_ids_to_zero()
+
+    def kvgov_block_ids_to_zero(self) -> list[int] | None:
+        """The ids this step's workers zero (``Scheduler._get_new_block_ids_to_zero``); vLLM's."""
+        ids: list[int] | None = super()._get_new_block_ids_to_zero()  # type: ignore[misc]
+        return ids
+
+
+def free_request(scheduler: Any, request: Any) -> Any:
+    """``Scheduler._free_request``: free a finished request's state and blocks, as vLLM does."""
+    return scheduler._free_request(request)
+
+
+# ---------------------------------------------------------------------- requests
+
+
+def block_hasher(request: Any) -> Callable[[Any], list[Any]] | None:
+    """``Request._block_hasher``: the request's block hasher (None: prefix caching is off)."""
+    hasher: Callable[[Any], list[Any]] | None = request._block_hasher
+    return hasher
+
+
+def set_block_hasher(request: Any, hasher: Callable[[Any], list[Any]]) -> None:
+    """Replace ``Request._block_hasher`` (kvgov's keyed hasher, at admission)."""
+    request._block_hasher = hasher
+
+
+def governance_of(request: Any) -> RequestGovernance | None:
+    """kvgov's governance kept on a vLLM request (``request._kvgov``); None if not admitted."""
+    state: RequestGovernance | None = getattr(request, "_kvgov", None)
+    return state
+
+
+def set_governance(request: Any, state: RequestGovernance) -> None:
+    """Keep the request's governance on vLLM's request (``request._kvgov``)."""
+    request._kvgov = state
+
+
+def set_engine_hasher(engine: Any, hasher: Callable[[Any], list[Any]]) -> bool:
+    """Set ``EngineCore.request_block_hasher`` unless it is None (prefix caching off).
+
+    Returns:
+        Whether the engine had a hasher (and now has ``hasher``).
+    """
+    if engine.request_block_hasher is None:
+        return False
+    engine.request_block_hasher = hasher
+    return True
+
+
+# ---------------------------------------------------------------------- patches
+
+#: The mark on every function kvgov patched into vLLM (so a second install is a no-op).
+_MARK = "_kvgov"
+
+
+def _marked(fn: object) -> bool:
+    return bool(getattr(fn, _MARK, False))
+
+
+def _mark(fn: _T) -> _T:
+    setattr(fn, _MARK, True)
+    return fn
+
+
+def force_kv_cache_zeroing() -> None:
+    """Patch ``KVCacheConfig.needs_kv_cache_zeroing`` to be always true. Idempotent."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    if kv_cache_zeroing_forced():
+        return
+
+    def needs_kv_cache_zeroing(self: Any) -> bool:
+        """Forced on by kvgov: blocks that leave an owner are zeroed in the workers."""
+        return True
+
+    KVCacheConfig.needs_kv_cache_zeroing = property(_mark(needs_kv_cache_zeroing))
+
+
+def kv_cache_zeroing_forced() -> bool:
+    """Whether :func:`force_kv_cache_zeroing` ran in this process."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    prop = KVCacheConfig.__dict__.get("needs_kv_cache_zeroing")
+    return _marked(getattr(prop, "fget", None))
+
+
+def wrap_preprocess_add_request(
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
+    """Patch ``EngineCore.preprocess_add_request`` with ``wrap(vLLM's)``. Idempotent."""
+    from vllm.v1.engine.core import EngineCore
+
+    if engine_hooked():
+        return
+    EngineCore.preprocess_add_request = _mark(wrap(EngineCore.preprocess_add_request))
+
+
+def engine_hooked() -> bool:
+    """Whether :func:`wrap_preprocess_add_request` ran in this process."""
+    from vllm.v1.engine.core import EngineCore
+
+    return _marked(EngineCore.preprocess_add_request)
+
+
+def add_engine_call(fn: Callable[..., Any]) -> None:
+    """Add ``EngineCore.kvgov_call``: the engine utility a client reaches with ``call_utility``."""
+    from vllm.v1.engine.core import EngineCore
+
+    EngineCore.kvgov_call = fn
+
+
+def wrap_process_outputs(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Patch ``OutputProcessor.process_outputs`` with ``wrap(vLLM's)``. Idempotent."""
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    if _marked(OutputProcessor.process_outputs):
+        return
+    OutputProcessor.process_outputs = _mark(wrap(OutputProcessor.process_outputs))
+
+
+def finish_output_request(processor: Any, state: Any) -> None:
+    """``OutputProcessor._finish_request``: drop a finished request's state in the API process."""
+    processor._finish_request(state)
