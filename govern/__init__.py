@@ -8,7 +8,7 @@ serving stack embeds; ``CacheScope`` says what must match before KV state is
 reused. ``OffloadConfig`` adds encrypted offload tiers (host memory, disk,
 Redis) under the governor: see docs/offload.md.
 
-The names are resolved on first use (PEP 562), so ``kvgov.govern.cli`` (the audit
+The names are resolved on first use (PEP 562), so the ``kvgov`` command (the audit
 and policy commands) does not import torch.
 """
 

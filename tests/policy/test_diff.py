@@ -9,8 +9,8 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from kvgov.cli.policy import policy_group
 from kvgov.policy.bundle import BUNDLE_DIR, load_bundle
-from kvgov.policy.cli import policy_group
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
