@@ -63,10 +63,6 @@ _spool_option = click.option(
 )
 
 
-def _spool_exists(spool: Path) -> bool:
-    return any(f.is_file() for f in (spool, quarantine_path(spool), marker_path(spool)))
-
-
 def _find(url: str | None, spool_dir: Path | None, spools: tuple[Path, ...]) -> list[StreamFiles]:
     """The stream files to report on; a directory or spool that is not there is an error
     (a mistyped path must not read as "nothing waits")."""
