@@ -20,7 +20,7 @@ from kvgov.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from kvgov.govern.cache import GovernedKVCache
-    from kvgov.govern.governor import Governor, LiveSequence
+    from kvgov.govern.governor import Governor, RunningSequence
     from kvgov.govern.keys import (
         CacheKey,
         KeyDeriver,
@@ -47,7 +47,7 @@ _EXPORTS = {
     "Governor": "kvgov.govern.governor",
     "InvalidationReport": "kvgov.govern.results",
     "KeyDeriver": "kvgov.govern.keys",
-    "LiveSequence": "kvgov.govern.governor",
+    "RunningSequence": "kvgov.govern.governor",
     "NamespaceRoot": "kvgov.govern.keys",
     "OffloadConfig": "kvgov.govern.offload_config",
     "OffloadSnapshot": "kvgov.govern.stats",
@@ -72,13 +72,13 @@ __all__ = [
     "Governor",
     "InvalidationReport",
     "KeyDeriver",
-    "LiveSequence",
     "NamespaceRoot",
     "OffloadConfig",
     "OffloadSnapshot",
     "OffloadablePool",
     "Offloading",
     "ReconcileReport",
+    "RunningSequence",
     "ScopeDigest",
     "TenantStats",
     "namespace_root",

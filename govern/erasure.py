@@ -22,7 +22,7 @@ from kvgov.exceptions import InvalidArgument, InvalidScope, KeyStoreUnavailable,
 from kvgov.offload import ShredReport
 from kvgov.schema import SCOPE_FIELDS
 
-from .governor import Governor, LiveSequence, _log
+from .governor import Governor, RunningSequence, _log
 from .keys import KeyDeriver
 from .offloading import erasure_details
 from .results import ErasureReport, InvalidationReport
@@ -65,7 +65,7 @@ def revoke(gov: Governor, block_ids: list[int], reason: str) -> tuple[list[int],
     return list(revoked.evicted), list(revoked.detached)
 
 
-def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> ErasureReport:
+def purge_tenant(gov: Governor, tenant: str, live: Iterable[RunningSequence]) -> ErasureReport:
     """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
 
     The blocks are revoked under the governor's lock; the erasure event, which
@@ -157,7 +157,7 @@ def _shred(
 
 
 def invalidate(
-    gov: Governor, wanted: Mapping[str, str], live: Iterable[LiveSequence]
+    gov: Governor, wanted: Mapping[str, str], live: Iterable[RunningSequence]
 ) -> InvalidationReport:
     """Drop every block of a matching scope: see :meth:`GovernedKVCache.invalidate`.
 
@@ -214,7 +214,7 @@ def invalidate(
         )
 
 
-def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[LiveSequence]) -> int:
+def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[RunningSequence]) -> int:
     """Switch the key secret: see :meth:`GovernedKVCache.rotate_secret`."""
     deriver = KeyDeriver(new_secret)
     with gov.lock:
