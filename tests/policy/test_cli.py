@@ -10,7 +10,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from kvgov.cli.policy import policy_group
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 
 def test_policy_group_is_a_click_group() -> None:

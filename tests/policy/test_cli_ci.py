@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kvgov.cli.policy import policy_group
 from kvgov.policy.testing import run_tests
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 ADMISSION = "kvgov/admission/decision"
 
