@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from kvgov.audit.events import FIELDS, EventType
 from kvgov.audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
 from kvgov.audit.store import open_engine
-from kvgov.exceptions import InvalidTimeBound
+from kvgov.exceptions import InvalidTimeBound, MalformedAuditRow
 
 __all__ = ["AuditQueries", "AuditRecord", "CheckpointInfo", "TimeBound", "to_time_us"]
 
@@ -204,17 +204,60 @@ def _time(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
 
+#: The integer columns of a record (the others are text, but block_ids, details, hash).
+_INT_COLUMNS: Final = frozenset({"seq", "time_us", "token_count", "reused_tokens"})
+#: The columns that are never NULL (nor JSON null: kvgov writes a list and a dict).
+_REQUIRED: Final = frozenset({"stream", "seq", "time_us", "type", "block_ids", "details", "hash"})
+
+
+def _column_problem(name: str, v: Any) -> str | None:
+    """What is wrong with one stored value, or None (types as kvgov writes them)."""
+    if v is None:
+        return "is NULL" if name in _REQUIRED else None
+    if name in _INT_COLUMNS:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif name == "block_ids":
+        ok = isinstance(v, list) and all(type(b) is int for b in v)
+    elif name == "details":
+        ok = isinstance(v, dict)
+    elif name == "hash":
+        ok = isinstance(v, bytes | memoryview) and len(v) == 32
+    else:
+        ok = isinstance(v, str)
+    return None if ok else f"{name} holds {type(v).__name__} {v!r:.40}"
+
+
 def _record(r: Sequence[Any]) -> AuditRecord:
+    """One row as a record; a wrongly typed column raises MalformedAuditRow, never a guess."""
     d = dict(zip(_COLUMNS, r, strict=True))
-    stream, seq, time_us = d["stream"], int(d["seq"]), int(d["time_us"])
+    for name, v in d.items():
+        problem = _column_problem(name, v)
+        if problem is not None:
+            raise MalformedAuditRow(f"{d['stream']!r:.40}:{d['seq']!r:.20}", problem)
+    stream, seq, time_us = d["stream"], d["seq"], d["time_us"]
     d |= {
-        "seq": seq,
-        "time_us": time_us,
-        "block_ids": tuple(d["block_ids"] or ()),
-        "details": dict(d["details"] or {}),
+        "block_ids": tuple(d["block_ids"]),
+        "details": dict(d["details"]),
         "hash": bytes(d["hash"]).hex(),
     }
     return AuditRecord(event_id=f"{stream}:{seq}", time=_time(time_us), **d)
+
+
+def _records(rows: Iterable[Sequence[Any]]) -> Iterator[AuditRecord]:
+    """The records of a result; a row the driver cannot decode (a JSON column holding
+    text that is not JSON) raises MalformedAuditRow naming the last event read."""
+    last = "the first event"
+    it = iter(rows)
+    while True:
+        try:
+            r = next(it)
+        except StopIteration:
+            return
+        except (ValueError, TypeError) as exc:  # the JSON type's result processor
+            raise MalformedAuditRow(f"after {last}", f"a column does not decode: {exc}") from None
+        rec = _record(r)
+        last = rec.event_id
+        yield rec
 
 
 class AuditQueries:
@@ -256,7 +299,7 @@ class AuditQueries:
 
     def _run(self, stmt: Select[Any]) -> tuple[AuditRecord, ...]:
         with self._engine.connect() as conn:
-            return tuple(_record(r) for r in conn.execute(stmt))
+            return tuple(_records(conn.execute(stmt)))
 
     @staticmethod
     def _window(stmt: Select[Any], since: Any, until: Any) -> Select[Any]:
@@ -432,9 +475,7 @@ class AuditQueries:
         """
         stmt = select(*_SELECT_COLS).order_by(AuditEventRow.stream, AuditEventRow.seq)
         with self._engine.connect() as conn:
-            result = conn.execution_options(yield_per=batch).execute(stmt)
-            for r in result:
-                yield _record(r)
+            yield from _records(conn.execution_options(yield_per=batch).execute(stmt))
 
     def iter_events(
         self,
@@ -466,8 +507,7 @@ class AuditQueries:
             )
         stmt = self._ordered(self._window(stmt, since, until))
         with self._engine.connect() as conn:
-            for r in conn.execution_options(yield_per=batch).execute(stmt):
-                yield _record(r)
+            yield from _records(conn.execution_options(yield_per=batch).execute(stmt))
 
     def export(self, out: TextIO, format: str = "jsonl") -> int:
         """Write every event to ``out`` as JSON Lines, one JSON array, or CSV (streamed).

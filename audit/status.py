@@ -88,16 +88,6 @@ class StreamFiles:
     marker: RunMarker | None
     marker_process_alive: bool | None = field(default=None)
 
-    @property
-    def needs_attention(self) -> bool:
-        """Evidence is only on this host, or was refused, or a writer died."""
-        return bool(
-            self.spooled_events
-            or self.quarantined
-            or self.damaged_lines
-            or (self.marker is not None and self.marker_process_alive is False)
-        )
-
 
 def default_spool_dir(url: str | URL) -> Path:
     """Where writers put spools by default: next to a SQLite file, else the working directory.

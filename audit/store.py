@@ -480,11 +480,6 @@ class DowngradePlan:
         """Whether ``audit_events`` is still there afterwards."""
         return "audit_events" not in self.dropped
 
-    @property
-    def rows_lost(self) -> int:
-        """Rows of every dropped table."""
-        return sum(self.dropped.values())
-
 
 def plan_downgrade(url: str | URL, revision: str) -> DowngradePlan:
     """Find which tables, holding how many rows, a downgrade to ``revision`` drops.

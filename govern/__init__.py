@@ -8,7 +8,7 @@ serving stack embeds; ``CacheScope`` says what must match before KV state is
 reused. ``OffloadConfig`` adds encrypted offload tiers (host memory, disk,
 Redis) under the governor: see docs/offload.md.
 
-The names are resolved on first use (PEP 562), so ``kvgov.govern.cli`` (the audit
+The names are resolved on first use (PEP 562), so the ``kvgov`` command (the audit
 and policy commands) does not import torch.
 """
 
@@ -20,7 +20,7 @@ from kvgov.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from kvgov.govern.cache import GovernedKVCache
-    from kvgov.govern.governor import Governor, LiveSequence
+    from kvgov.govern.governor import Governor, RunningSequence
     from kvgov.govern.keys import (
         CacheKey,
         KeyDeriver,
@@ -47,7 +47,7 @@ _EXPORTS = {
     "Governor": "kvgov.govern.governor",
     "InvalidationReport": "kvgov.govern.results",
     "KeyDeriver": "kvgov.govern.keys",
-    "LiveSequence": "kvgov.govern.governor",
+    "RunningSequence": "kvgov.govern.governor",
     "NamespaceRoot": "kvgov.govern.keys",
     "OffloadConfig": "kvgov.govern.offload_config",
     "OffloadSnapshot": "kvgov.govern.stats",
@@ -72,13 +72,13 @@ __all__ = [
     "Governor",
     "InvalidationReport",
     "KeyDeriver",
-    "LiveSequence",
     "NamespaceRoot",
     "OffloadConfig",
     "OffloadSnapshot",
     "OffloadablePool",
     "Offloading",
     "ReconcileReport",
+    "RunningSequence",
     "ScopeDigest",
     "TenantStats",
     "namespace_root",

@@ -48,7 +48,7 @@ from .offload_config import OffloadConfig
 from .offloading import Offloading
 from .results import Admission, ReconcileReport
 from .scope import CacheScope
-from .sequence import LiveSeq, check_admission, check_live_ids, check_seq_id
+from .sequence import NativeSequence, check_admission, check_live_ids, check_seq_id
 from .stats import CacheStats
 from .sweeper import Sweeper
 
@@ -103,7 +103,7 @@ class GovernedKVCache(CacheMaintenance):
         if offload is not None:
             offload.attach(self._gov, pool)
         self._block_size = pool.spec.block_size
-        self._seqs: dict[str, LiveSeq] = {}
+        self._seqs: dict[str, NativeSequence] = {}
         self._orphans_recovered = 0
         self._sweeper: Sweeper | None = None
 
@@ -333,7 +333,7 @@ class GovernedKVCache(CacheMaintenance):
                 self._give_back(block_ids, len(hit_ids))
                 raise
             decision_id = adm.decision.decision_id
-            self._seqs[seq_id] = LiveSeq(
+            self._seqs[seq_id] = NativeSequence(
                 seq_id, view, block_ids, plan, packed, self._block_size, adm.priority, decision_id
             )
         self._settle(seq_id, len(hit_ids), deferred)

@@ -23,7 +23,7 @@ from kvgov.exceptions import InvalidArgument, InvalidScope, KeyStoreUnavailable,
 from kvgov.offload import ShredReport
 from kvgov.schema import SCOPE_FIELDS
 
-from .governor import Governor, LiveSequence, _log
+from .governor import Governor, RunningSequence, _log
 from .keys import KeyDeriver
 from .offloading import erasure_details
 from .results import ErasureReport, InvalidationReport
@@ -87,7 +87,7 @@ def erasure_check(gov: Governor, written: Sequence[int]) -> tuple[list[int], boo
     return held, not held and gov.pool.read_back_zero(written) is True
 
 
-def purge_tenant(gov: Governor, tenant: str, live: Iterable[LiveSequence]) -> ErasureReport:
+def purge_tenant(gov: Governor, tenant: str, live: Iterable[RunningSequence]) -> ErasureReport:
     """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
 
     The blocks are revoked under the governor's lock; the erasure event, which
@@ -188,7 +188,7 @@ def _shred(
 
 
 def invalidate(
-    gov: Governor, wanted: Mapping[str, str], live: Iterable[LiveSequence]
+    gov: Governor, wanted: Mapping[str, str], live: Iterable[RunningSequence]
 ) -> InvalidationReport:
     """Drop every block of a matching scope: see :meth:`GovernedKVCache.invalidate`.
 
@@ -251,7 +251,7 @@ def invalidate(
         )
 
 
-def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[LiveSequence]) -> int:
+def rotate_secret(gov: Governor, new_secret: bytes, live: Iterable[RunningSequence]) -> int:
     """Switch the key secret: see :meth:`GovernedKVCache.rotate_secret`."""
     deriver = KeyDeriver(new_secret)
     with gov.lock:

@@ -63,7 +63,7 @@ from .keys import KeyDeriver
 from .logs import get_logger
 from .ownership import Owners
 from .plan import KeyPlan, plan_keys, unkeyed_plan
-from .protocol import GovernedPool, LiveSequence
+from .protocol import GovernedPool, RunningSequence
 from .retention import Deadlines
 from .scope import CacheScope
 from .stats import CacheStats, _TenantCounters, snapshot
@@ -72,7 +72,7 @@ from .views import ScopeView, ScopeViews
 if TYPE_CHECKING:
     from .offloading import Offloading
 
-__all__ = ["Governor", "LiveSequence"]
+__all__ = ["Governor", "RunningSequence"]
 
 _log = get_logger()
 

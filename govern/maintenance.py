@@ -14,7 +14,7 @@ from kvgov.exceptions import InvalidArgument
 from . import erasure
 from .governor import Governor
 from .results import ErasureReport, InvalidationReport
-from .sequence import LiveSeq
+from .sequence import NativeSequence
 from .sweeper import Sweeper, check_interval
 
 __all__ = ["CacheMaintenance"]
@@ -27,7 +27,7 @@ class CacheMaintenance:
     """
 
     _gov: Governor
-    _seqs: dict[str, LiveSeq]
+    _seqs: dict[str, NativeSequence]
     _sweeper: Sweeper | None
 
     def sweep(self) -> int:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import EvictedBlocks
 from kvgov.audit import AuditEvent, Deferred, EventType
+from kvgov.defaults import MAX_SCOPES
 from kvgov.exceptions import InvalidArgument, OffloadError
 from kvgov.offload import (
     DeleteReport,
@@ -65,8 +66,6 @@ _log = get_logger()
 #: The eviction reason that is offloaded; purge, invalidation, rotation, expiry and
 #: close destroy the KV on purpose.
 CAPACITY = "capacity"
-#: Scopes remembered for invalidation (by digest) before the oldest is forgotten.
-_MAX_SCOPES = 65_536
 
 
 class Offloading:
@@ -205,7 +204,7 @@ class Offloading:
             scopes.move_to_end(view.digest)
             return
         scopes[view.digest] = view.scope
-        if len(scopes) > _MAX_SCOPES:
+        if len(scopes) > MAX_SCOPES:
             scopes.popitem(last=False)
 
     # ------------------------------------------------------------------ restore

@@ -38,7 +38,7 @@ from kvgov.allocator import BlockState, EvictionObserver, PoolCounts, PoolEvent,
 
 from .scope import CacheScope
 
-__all__ = ["GovernedPool", "LiveSequence", "OffloadablePool"]
+__all__ = ["GovernedPool", "OffloadablePool", "RunningSequence"]
 
 
 class GovernedPool(Protocol):
@@ -110,7 +110,7 @@ class OffloadablePool(GovernedPool, Protocol):
         ...
 
 
-class LiveSequence(Protocol):
+class RunningSequence(Protocol):
     """What the governor needs of a binding's running sequence (purge, invalidation)."""
 
     @property

@@ -134,11 +134,6 @@ class ReplayResult:
         """Mean wall time per block handed out."""
         return self.seconds / self.blocks * 1e6 if self.blocks else 0.0
 
-    @property
-    def cpu_microseconds_per_block(self) -> float:
-        """Mean process CPU time per block handed out."""
-        return self.cpu_seconds / self.blocks * 1e6 if self.blocks else 0.0
-
 
 def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
     """Read a Mooncake JSONL trace.

@@ -13,11 +13,13 @@ from .plan import KeyPlan
 from .scope import CacheScope
 from .views import ScopeView
 
-__all__ = ["LiveSeq", "check_admission", "check_live_ids", "check_seq_id"]
+__all__ = ["NativeSequence", "check_admission", "check_live_ids", "check_seq_id"]
 
 
-class LiveSeq:
-    """A live sequence; only the cache, under the governor's lock, changes it."""
+class NativeSequence:
+    """A running sequence of the native cache (:class:`~kvgov.govern.cache.GovernedKVCache`),
+    one :class:`~kvgov.govern.protocol.RunningSequence`; only the cache, under the
+    governor's lock, changes it."""
 
     __slots__ = (
         "admitted_blocks",

@@ -77,6 +77,10 @@ MIN_KEY_SECRET_BYTES: Final = 32
 #: Longest identifier accepted in a cache scope field: the audit store's width for the
 #: scope columns (``kvgov.schema.TEXT_LIMITS``, the one source of these limits).
 MAX_SCOPE_FIELD_CHARS: Final = min(TEXT_LIMITS[f] for f in SCOPE_FIELDS)
+#: Distinct scopes one bounded scope memory keeps: the offload manager's scopes remembered
+#: for invalidation (the oldest forgotten first) and the vLLM binding's resolved scopes (the
+#: cache of them cleared when full).
+MAX_SCOPES: Final = 65_536
 #: Shortest interval between two retention sweeps of ``start_sweeper``, in seconds: a
 #: smaller one would spin a CPU on the cache lock for no retention that matters.
 MIN_SWEEP_INTERVAL: Final = 0.01

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations")
+LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations", "cli")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
 #: What building the wheel printed on stderr (pip relays the build backend's warnings).
 _BUILD_STDERR: list[str] = []
@@ -71,13 +71,15 @@ def test_the_wheel_maps_every_layer_into_kvgov(wheel: Path) -> None:
     for layer in LAYERS:
         assert f"kvgov/{layer}/__init__.py" in names, layer
     assert "kvgov/govern/cache.py" in names
+    assert "kvgov/cli/main.py" in names
+    assert "kvgov/cli/py.typed" in names
     assert "kvgov/policy/rego/admission.rego" in names
     assert "kvgov/policy/rego/data.json" in names
     assert "kvgov/migrations/script.py.mako" in names
     assert any(n.startswith("kvgov/migrations/versions/") for n in names)
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "kvgov = kvgov.govern.cli:main" in zf.read(entry_points).decode()
+        assert "kvgov = kvgov.cli.main:main" in zf.read(entry_points).decode()
 
 
 def test_building_the_wheel_warns_of_nothing(wheel: Path) -> None:

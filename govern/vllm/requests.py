@@ -37,7 +37,7 @@ class RequestGovernance:
 
     Fields are set at admission (``add_request``); the binding changes
     ``admitted`` and ``granted``, erasure clears ``cacheable``. It is what
-    :class:`~kvgov.govern.governor.LiveSequence` asks of a running sequence.
+    :class:`~kvgov.govern.governor.RunningSequence` asks of a running sequence.
     """
 
     __slots__ = (

@@ -31,7 +31,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, UNVERSIONED
+from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, MAX_SCOPES, UNVERSIONED
 from kvgov.exceptions import InvalidScope, ScopeTokenError
 
 from ..scope import CacheScope, check_scope_field
@@ -59,8 +59,6 @@ TEMPLATE_KEY = "kvgov_template"
 TOKEN_KEY = "kvgov_scope_token"
 #: Every ``extra_args`` key the binding reads; a front end strips all of them from clients.
 SCOPE_KEYS = (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY, TOKEN_KEY)
-#: Resolved scopes kept before the cache of them is cleared (a bound on memory).
-_MAX_SCOPES = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +195,7 @@ class ScopeResolver:
                 adapter=lora[0] if lora else None,
                 adapter_revision=lora[1] if lora else None,
             )
-            if len(self._scopes) >= _MAX_SCOPES:
+            if len(self._scopes) >= MAX_SCOPES:
                 self._scopes.clear()
             self._scopes[key] = scope
         return scope

@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade
 from kvgov.audit.store import normalize_url
+from tests.support.pg_proxy import pg_proxy  # noqa: F401 - shared fixture
 
 
 class FixedClock:
@@ -130,6 +131,3 @@ def sqlite_locked(url: str) -> Iterator[None]:
         conn.rollback()
         conn.close()
         engine.dispose()
-
-
-from tests.faults.conftest import pg_proxy  # noqa: E402,F401  (a fixture for these tests too)

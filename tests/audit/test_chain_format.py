@@ -30,7 +30,7 @@ from kvgov.audit.signing import SigningKey, public_key_from_raw
 from kvgov.audit.spool import Spool
 from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditDowngradeRefused
-from tests.faults.conftest import ProxiedPg
+from tests.support.pg_proxy import ProxiedPg
 
 from .conftest import attacker, sample_event, scalar, sqlite_locked
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditEvent, AuditLog, EventType
-from kvgov.audit.cli import audit_group, db_group
+from kvgov.cli.audit import audit_group, db_group
 
 from .conftest import attacker, sample_event, sqlite_locked
 

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from kvgov.audit import AuditLog, current_revision, head_revision, upgrade
-from kvgov.audit.cli import MIGRATION_STREAM, audit_group, db_group
+from kvgov.cli.audit import MIGRATION_STREAM, audit_group, db_group
 
 from .conftest import sample_event, table_names
 from .test_chain_format import store_format1_trail

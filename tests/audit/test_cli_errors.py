@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from kvgov.audit import downgrade, upgrade
-from kvgov.audit.cli import audit_group, db_group
+from kvgov.cli.audit import audit_group, db_group
 
 from .conftest import attacker
 
@@ -147,7 +147,7 @@ def test_tampering_is_an_evidence_failure(sqlite_url: str, populate: object) -> 
 
 def test_the_kvgov_entry_point_uses_the_same_exit_codes() -> None:
     """`kvgov audit ...` through the top-level command: the same one line and status."""
-    from kvgov.govern.cli import main
+    from kvgov.cli.main import main
 
     result = CliRunner().invoke(main, ["audit", "denials", "--url", "not a url"])
     _one_error_line(result, 2)

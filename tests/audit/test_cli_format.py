@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditEvent, AuditLog, EventType
-from kvgov.audit.cli import audit_group
+from kvgov.cli.audit import audit_group
 
 from .conftest import sample_event
 

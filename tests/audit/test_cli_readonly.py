@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditLog, upgrade
-from kvgov.audit.cli import audit_group, db_group
+from kvgov.cli.audit import audit_group, db_group
 
 from .conftest import sample_event
 

@@ -21,7 +21,7 @@ from kvgov.audit import AuditEvent, AuditLog, EventType, verify
 from kvgov.audit import store as store_mod
 from kvgov.audit.spool import Spool
 from kvgov.audit.store import create_audit_engine
-from tests.faults.conftest import ProxiedPg
+from tests.support.pg_proxy import ProxiedPg
 
 from .conftest import sample_event, scalar, sqlite_locked
 

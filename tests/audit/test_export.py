@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditEvent, AuditLog, AuditQueries, EventType
-from kvgov.audit.cli import audit_group
 from kvgov.audit.export import (
     DECISION_EVENT_TYPES,
     decision_log,
     decision_log_entries,
     write_decision_log,
 )
+from kvgov.cli.audit import audit_group
 
 from .conftest import FixedClock
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvgov.audit.cli import audit_group
 from kvgov.audit.signing import generate_key_files, load_public_key, load_signing_key
+from kvgov.cli.audit import audit_group
 from kvgov.exceptions import SigningKeyError
 
 

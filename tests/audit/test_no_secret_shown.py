@@ -11,10 +11,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from kvgov.audit import AuditLog, upgrade
-from kvgov.audit.cli import audit_group, db_group
 from kvgov.audit.durability import marker_path
 from kvgov.audit.signing import load_signing_key
 from kvgov.audit.store import mask_url, normalize_url
+from kvgov.cli.audit import audit_group
+from kvgov.cli.db import db_group
 from kvgov.exceptions import InvalidAuditUrl, SigningKeyError
 
 SECRET = "s3cret-Pw"

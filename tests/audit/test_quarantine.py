@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, verify
-from kvgov.audit.cli import audit_group
 from kvgov.audit.sealer import Sealer
 from kvgov.audit.signing import SigningKey
 from kvgov.audit.spool import Quarantine, Spool, quarantine_path
 from kvgov.audit.store import normalize_url
+from kvgov.cli.audit import audit_group
 
 from .conftest import FixedClock, sample_event, scalar, sqlite_locked
 

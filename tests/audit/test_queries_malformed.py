@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvgov.audit.cli import audit_group
+from kvgov.cli.audit import audit_group
 
 from .conftest import attacker
 from .test_verify import WRONG_TYPES_ANY_DB, WRONG_TYPES_SQLITE, _lit

@@ -18,11 +18,11 @@ from sqlalchemy import create_engine, text
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade
 from kvgov.audit import store as store_mod
 from kvgov.audit.chain import GENESIS_HASH, ChainHash, canonical_event_bytes, chain_hash
-from kvgov.audit.cli import audit_group
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 from kvgov.audit.signing import SigningKey, generate_key_files
 from kvgov.audit.spool import Quarantine, Spool, _event_from, quarantine_path
 from kvgov.audit.store import normalize_url
+from kvgov.cli.audit import audit_group
 
 from .conftest import sample_event
 

@@ -12,10 +12,10 @@ from sqlalchemy import create_engine, text
 
 from kvgov.audit import AuditLog, load_public_key, verify
 from kvgov.audit.chain import GENESIS_HASH, canonical_event_bytes, chain_hash
-from kvgov.audit.cli import audit_group
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
 from kvgov.audit.signing import generate_key_files
 from kvgov.audit.store import normalize_url
+from kvgov.cli.audit import audit_group
 
 from .conftest import attacker, sample_event
 

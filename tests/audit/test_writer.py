@@ -20,7 +20,7 @@ from kvgov.audit.persist import insert_sqlite
 from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
 from kvgov.retry import Backoff
-from tests.faults.conftest import ProxiedPg
+from tests.support.pg_proxy import ProxiedPg
 
 from .conftest import FixedClock, sample_event, scalar
 

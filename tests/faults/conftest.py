@@ -11,16 +11,12 @@ uses these fixtures and reports its figures the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from kvgov.audit import upgrade
-from kvgov.audit.store import normalize_url
-
-from .proxy import FreezableProxy
+from tests.support.pg_proxy import pg_proxy  # noqa: F401 - shared fixture
 
 
 @dataclass
@@ -67,33 +63,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for case, figures in sorted(_REPORT.rows.items()):
         cells = "".join(f"{figures.get(c, '-')!s:>{w}}" for c, w in zip(cols, widths, strict=True))
         terminalreporter.write_line(f"{case:<{first}}{cells}")
-
-
-@dataclass(frozen=True)
-class ProxiedPg:
-    """A PostgreSQL audit database behind a :class:`FreezableProxy`.
-
-    Attributes:
-        url: the URL through the proxy (what the code under test uses).
-        direct: the URL of the same database without the proxy (what the test checks).
-        proxy: the proxy, to freeze, thaw, kill and start.
-    """
-
-    url: str
-    direct: str
-    proxy: FreezableProxy
-
-
-@pytest.fixture()
-def pg_proxy(pg_url: str) -> Iterator[ProxiedPg]:
-    """A fresh PostgreSQL audit database at head, reached through a freezable proxy."""
-    from tests.conftest import PG_HOST, PG_PORT
-
-    upgrade(pg_url)
-    proxy = FreezableProxy((PG_HOST, PG_PORT))
-    proxy.start()
-    url = normalize_url(pg_url).set(port=proxy.port).render_as_string(hide_password=False)
-    try:
-        yield ProxiedPg(url, pg_url, proxy)
-    finally:
-        proxy.kill()

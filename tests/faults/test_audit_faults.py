@@ -26,8 +26,9 @@ from kvgov.audit import AuditEvent, AuditLog, EventType, verify
 from kvgov.audit.spool import Quarantine, Spool, quarantine_path
 from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditUnavailable
+from tests.support.pg_proxy import ProxiedPg
 
-from .conftest import FaultReport, ProxiedPg
+from .conftest import FaultReport
 
 pytestmark = pytest.mark.postgres
 

@@ -27,8 +27,9 @@ from kvgov.govern import CacheScope, GovernedKVCache
 from kvgov.policy import OpaServerEngine
 from kvgov.policy.embedded import EmbeddedEngine
 from tests.policy.opa_fake import FakeOpa
+from tests.support.pg_proxy import ProxiedPg
 
-from .conftest import FaultReport, ProxiedPg
+from .conftest import FaultReport
 from .proxy import FreezableProxy
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.float32)

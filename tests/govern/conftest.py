@@ -13,24 +13,12 @@ from kvgov.allocator import KVSpec
 from kvgov.govern import CacheScope, GovernedKVCache, OffloadConfig
 from kvgov.govern.keys import pack_tokens
 from kvgov.offload import HostMemoryTier, LocalKEK, Tier
-from tests.offload.conftest import own_redis, redis_prefix  # noqa: F401 - shared fixtures
+from tests.support.clock import FakeClock
+from tests.support.redis import own_redis, redis_prefix  # noqa: F401 - shared fixtures
 
 SECRET = b"k" * 32
 #: 4 tokens a block so tests reason in small numbers.
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.float32)
-
-
-class FakeClock:
-    """A clock tests move by hand: retention is exact, nothing sleeps."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def make_scope(**overrides: Any) -> CacheScope:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvgov.govern.cli import main
+from kvgov.cli.main import main
 
 
 def _run(*args: str) -> tuple[int, str]:

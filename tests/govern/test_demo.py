@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditQueries
-from kvgov.govern.cli import main
+from kvgov.cli.main import main
 
 
 def test_quick_demo_report_matches_the_audit_log(tmp_path: Path) -> None:

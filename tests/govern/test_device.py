@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from kvgov.allocator import KVSpec, resolve_device
+from kvgov.cli.main import main
 from kvgov.exceptions import InvalidSpec, KVGovError
 from kvgov.govern import GovernedKVCache
-from kvgov.govern.cli import main
 
 SPEC = KVSpec(2, 2, 8, block_size=4)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from kvgov.govern.cli import main
+from kvgov.cli.main import main
 
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -1,5 +1,5 @@
 """The audit and policy commands start without torch: ``kvgov.govern`` and ``kvgov``
-resolve their exports on first use, and ``kvgov.govern.cli`` imports torch only inside
+resolve their exports on first use, and ``kvgov.cli.main`` imports torch only inside
 the commands that size or allocate KV (capacity, demo, replay)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _imports_torch(statement: str) -> bool:
 
 
 def test_the_cli_and_the_audit_layer_do_not_import_torch() -> None:
-    assert not _imports_torch("import kvgov.govern.cli")
+    assert not _imports_torch("import kvgov.cli.main")
     assert not _imports_torch("import kvgov, kvgov.govern, kvgov.audit, kvgov.policy")
 
 

@@ -11,8 +11,9 @@ import pytest
 from kvgov.audit import AuditQueries
 from kvgov.exceptions import InvalidArgument, TenantPurging
 from kvgov.govern import GovernedKVCache
+from tests.support.clock import FakeClock
 
-from .conftest import FakeClock, fill, make_scope, share_group, tenant_config
+from .conftest import fill, make_scope, share_group, tenant_config
 
 Factory = Callable[..., GovernedKVCache]
 PROMPT = list(range(100, 113))  # 3 full blocks of 4 tokens and a partial one

@@ -13,7 +13,8 @@ from kvgov.exceptions import KeyStoreUnavailable
 from kvgov.govern import GovernedKVCache
 from kvgov.offload import DiskTier, MissReason, RedisTier, Tier
 from kvgov.offload.objects import decode
-from tests.offload.conftest import SHARED_REDIS, Raw
+from tests.support.offload import Raw
+from tests.support.redis import SHARED_REDIS
 
 from .conftest import (
     block_keys,

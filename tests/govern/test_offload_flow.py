@@ -13,7 +13,7 @@ from kvgov.audit import AuditQueries, Deferred
 from kvgov.exceptions import AuditUnavailable, InvalidArgument
 from kvgov.govern import GovernedKVCache, Offloading
 from kvgov.offload import OffloadStore
-from tests.offload.conftest import MemoryKeyStore, Raw
+from tests.support.offload import MemoryKeyStore, Raw
 
 from .conftest import (
     FILLER,

@@ -16,7 +16,7 @@ import torch
 from kvgov.audit import AuditQueries
 from kvgov.govern import GovernedKVCache
 from kvgov.offload import RedisTier
-from tests.offload.conftest import SHARED_REDIS, OwnRedis
+from tests.support.redis import SHARED_REDIS, OwnRedis
 
 from .conftest import (
     block_keys,

@@ -17,7 +17,7 @@ import pytest
 from kvgov.audit import AuditQueries
 from kvgov.govern import GovernedKVCache
 from kvgov.offload import DiskTier, Tier
-from tests.offload.conftest import Raw
+from tests.support.offload import Raw
 
 from .conftest import block_keys, fill, host_tier, make_scope, push_out, the_tier, tier_stats
 

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import AuditEvent, AuditLog, AuditQueries, EventType
-from kvgov.audit.cli import audit_group
 from kvgov.audit.export import DECISION_EVENT_TYPES
+from kvgov.cli.audit import audit_group
+from kvgov.cli.main import main
 from kvgov.exceptions import PolicyError
-from kvgov.govern.cli import main
 from kvgov.policy.bundle import BUNDLE_DIR
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.embedded import EmbeddedEngine

@@ -31,8 +31,9 @@ from kvgov.allocator import BlockState
 from kvgov.audit import verify
 from kvgov.exceptions import KVGovError
 from kvgov.govern import CacheScope, GovernedKVCache
+from tests.support.clock import FakeClock
 
-from .conftest import SECRET, SPEC, FakeClock, make_scope, share_group
+from .conftest import SECRET, SPEC, make_scope, share_group
 
 TENANTS = ("acme", "globex", "initech")
 #: acme and globex share public blocks; initech shares nothing

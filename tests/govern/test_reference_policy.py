@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from kvgov.govern import GovernedKVCache
 from kvgov.policy.reference import ReferenceEngine
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 from .conftest import make_scope
 

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.allocator import BlockPool
+from kvgov.cli.main import main
 from kvgov.exceptions import InvalidArgument
 from kvgov.govern import GovernedKVCache
-from kvgov.govern.cli import main
 from kvgov.govern.replay import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,

@@ -15,8 +15,10 @@ import pytest
 
 from kvgov.offload import MissReason, OffloadStore, Tier
 from kvgov.offload.objects import encode
+from tests.support.clock import START
+from tests.support.offload import Raw
 
-from .conftest import START, TIER_KINDS, Raw
+from .conftest import TIER_KINDS
 
 A_KEY, B_KEY = b"A" * 32, b"B" * 32
 SCOPE, OTHER_SCOPE = b"S" * 32, b"T" * 32

@@ -10,8 +10,10 @@ import pytest
 from kvgov.exceptions import DataKeyDestroyed, KEKError, ObjectMisbound
 from kvgov.offload import DataKeyRing, LocalKEK
 from kvgov.offload.keys import wrap_context
+from tests.support.clock import FakeClock
+from tests.support.offload import MemoryKeyStore
 
-from .conftest import KEK, FakeClock, MemoryKeyStore
+from .conftest import KEK
 
 HEX = "ab" * 32
 

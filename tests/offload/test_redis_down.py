@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 
 from kvgov.offload import MissReason, OffloadStore, PutOutcome, RedisTier, SealedBlock, Tier
 from kvgov.offload import store as store_mod
-
-from .conftest import START, FakeClock, OwnRedis
+from tests.support.clock import START, FakeClock
+from tests.support.redis import OwnRedis
 
 SCOPE = b"S" * 32
 SECRET = b"PLAINTEXT-PROMPT-KV " * 64

@@ -8,8 +8,10 @@ import pytest
 
 from kvgov.audit import SqlWrappedKeyStore
 from kvgov.offload import MissReason, OffloadStore, Tier
+from tests.support.clock import START, FakeClock
+from tests.support.offload import MemoryKeyStore, Raw
 
-from .conftest import KEK, START, TIER_KINDS, FakeClock, MemoryKeyStore, Raw
+from .conftest import KEK, TIER_KINDS
 
 SCOPE = b"S" * 32
 KEYS = [bytes([i]) * 32 for i in range(1, 4)]

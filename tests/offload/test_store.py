@@ -11,8 +11,8 @@ import torch
 
 from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable, UnknownTier
 from kvgov.offload import HostMemoryTier, MissReason, OffloadStore, PutOutcome, SealedBlock, Tier
-
-from .conftest import START, FakeClock, MemoryKeyStore
+from tests.support.clock import START, FakeClock
+from tests.support.offload import MemoryKeyStore
 
 BK, SD = b"K" * 32, b"S" * 32
 PAYLOAD = os.urandom(4096)

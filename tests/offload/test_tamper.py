@@ -17,8 +17,10 @@ from kvgov.exceptions import InvalidOffloadArgument
 from kvgov.offload import MissReason, OffloadStore, Tier
 from kvgov.offload import store as store_module
 from kvgov.offload.objects import HEADER_BYTES, encode
+from tests.support.clock import START, FakeClock
+from tests.support.offload import Raw
 
-from .conftest import START, TIER_KINDS, FakeClock, Raw
+from .conftest import TIER_KINDS
 
 K1, K2 = b"1" * 32, b"2" * 32
 SCOPE = b"S" * 32

@@ -11,8 +11,9 @@ import redis
 
 from kvgov.exceptions import InvalidOffloadArgument
 from kvgov.offload import DiskTier, HostMemoryTier, ObjectInfo, RedisTier, SealedBlock, Tier
+from tests.support.redis import SHARED_REDIS
 
-from .conftest import SHARED_REDIS, TIER_KINDS
+from .conftest import TIER_KINDS
 
 NOW_US = 1_700_000_000_000_000
 

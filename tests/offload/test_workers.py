@@ -13,8 +13,9 @@ import pytest
 
 from kvgov.audit import SqlWrappedKeyStore
 from kvgov.offload import MissReason, OffloadStore, Tier
+from tests.support.clock import START, FakeClock
 
-from .conftest import KEK, START, FakeClock
+from .conftest import KEK
 
 SCOPE, OTHER = b"S" * 32, b"T" * 32
 KV = b"worker A's KV " * 100

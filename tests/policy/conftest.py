@@ -17,13 +17,6 @@ from kvgov.policy.reference import INSTALL_COMMAND, ReferenceEngine, reference_a
 from tests.policy.opa_fake import FakeOpa
 from tests.policy.samples import SCOPE
 
-#: Tests that need OPA's bindings skip where they are not installed, printing how to
-#: install them; under ``CI=true`` they run (and fail): ``make install`` installs them.
-needs_reference = pytest.mark.skipif(
-    not reference_available() and not os.environ.get("CI"),
-    reason=f"OPA's bindings are not installed ({INSTALL_COMMAND}; make install does)",
-)
-
 
 @pytest.fixture()
 def scope() -> dict[str, Any]:

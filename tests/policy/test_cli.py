@@ -9,15 +9,15 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from kvgov.policy.cli import policy_group
-from tests.policy.conftest import needs_reference
+from kvgov.cli.policy import policy_group
+from tests.support.policy import needs_reference
 
 
 def test_policy_group_is_a_click_group() -> None:
     """policy_group is the click group the kvgov CLI mounts (which adds replay)."""
     import click
 
-    import kvgov.govern.cli  # noqa: F401  (mounts `policy replay`, whatever ran before)
+    import kvgov.cli.main  # noqa: F401  (mounts `policy replay`, whatever ran before)
 
     assert isinstance(policy_group, click.Group)
     assert set(policy_group.commands) == {"test", "eval", "diff", "replay"}

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvgov.policy.cli import policy_group
+from kvgov.cli.policy import policy_group
 from kvgov.policy.testing import run_tests
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 ADMISSION = "kvgov/admission/decision"
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from kvgov.cli.policy import policy_group
 from kvgov.policy.bundle import BUNDLE_DIR, load_bundle
-from kvgov.policy.cli import policy_group
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 OLD: dict[str, Any] = {
     "kvgov": {"config": {"tenants": {"acme": {"max_tokens": 4096}}, "max_tokens": 8192}}

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.reference import ReferenceEngine
-from tests.policy.conftest import needs_reference
 from tests.policy.samples import SCOPE
+from tests.support.policy import needs_reference
 
 pytestmark = needs_reference
 

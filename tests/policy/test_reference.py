@@ -14,7 +14,7 @@ from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import PolicyEngine
 from kvgov.policy.reference import ReferenceEngine, reference_available, run_reference_tests
 from kvgov.policy.testing import run_tests
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 pytestmark = needs_reference
 

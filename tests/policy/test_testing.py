@@ -8,7 +8,7 @@ import pytest
 
 from kvgov.exceptions import PolicyLoadError
 from kvgov.policy.testing import run_tests
-from tests.policy.conftest import needs_reference
+from tests.support.policy import needs_reference
 
 
 def test_every_bundle_test_passes() -> None:

@@ -46,7 +46,7 @@ def plugin_registered() -> None:
 
 @pytest.fixture()
 def clock() -> Any:
-    from tests.govern.conftest import FakeClock
+    from tests.support.clock import FakeClock
 
     return FakeClock()
 

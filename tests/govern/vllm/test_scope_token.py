@@ -14,8 +14,7 @@ from kvgov.govern.vllm.scope_token import (
     scope_token_message,
     sign_scope_token,
 )
-
-from ..conftest import FakeClock
+from tests.support.clock import FakeClock
 
 KEY = b"front-end-key-" + b"x" * 32
 FIELDS = {"tenant": "acme", "classification": "internal", "template_version": "sys-v3"}

@@ -13,8 +13,7 @@ from kvgov.exceptions import BindingConfigError, InvalidScope, ScopeTokenError
 from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
 from kvgov.govern.vllm.scope import revision_of
 from kvgov.govern.vllm.scope_token import ScopeTokenVerifier
-
-from ..conftest import FakeClock
+from tests.support.clock import FakeClock
 
 ENGINE = EngineScope("llama", "r1", "llama-tok", "t1")
 FULL = {"kvgov_tenant": "acme", "kvgov_classification": "internal", "kvgov_template": "v3"}

@@ -16,8 +16,6 @@ from typing import Any
 
 import click
 
-from kvgov.audit.cli_common import default_url, url_option
-from kvgov.audit.cli_errors import EXIT_ENVIRONMENT, EXIT_USAGE, CommandError, ErrorsToExitCodes
 from kvgov.audit.events import AuditEvent, EventType
 from kvgov.audit.store import (
     DowngradePlan,
@@ -31,6 +29,8 @@ from kvgov.audit.store import (
     upgrade,
 )
 from kvgov.audit.writer import AuditLog
+from kvgov.cli.common import default_url, url_option
+from kvgov.cli.errors import EXIT_ENVIRONMENT, EXIT_USAGE, CommandError, ErrorsToExitCodes
 
 __all__ = ["MIGRATION_STREAM", "db_group"]
 

@@ -38,6 +38,7 @@ from kvgov.exceptions import (
     AuditUnavailable,
     ExpectedStreamsError,
     KVGovError,
+    MalformedAuditRow,
 )
 
 __all__ = [
@@ -161,7 +162,7 @@ def explain(exc: BaseException) -> CommandError | None:
     """
     if isinstance(exc, CommandError):
         return exc
-    if isinstance(exc, AuditTrailEmpty):
+    if isinstance(exc, (AuditTrailEmpty, MalformedAuditRow)):
         return CommandError.of(str(exc), EXIT_EVIDENCE)
     if isinstance(exc, (AuditSchemaError, AuditUnavailable, AuditDatabaseMissing)):
         return CommandError.of(str(exc), EXIT_ENVIRONMENT)

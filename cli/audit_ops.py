@@ -17,15 +17,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from kvgov.audit.cli_common import (
-    Cell,
-    allow_empty_option,
-    default_url,
-    emit_records,
-    format_options,
-    url_option,
-)
-from kvgov.audit.cli_errors import EXIT_ENVIRONMENT, EXIT_EVIDENCE, CommandError
 from kvgov.audit.durability import marker_path
 from kvgov.audit.expect import ExpectedStream, sign_expected_streams
 from kvgov.audit.signing import load_public_key, load_signing_key
@@ -38,6 +29,15 @@ from kvgov.audit.status import (
 )
 from kvgov.audit.store import mask_url, require_database
 from kvgov.audit.verify import verify
+from kvgov.cli.common import (
+    Cell,
+    allow_empty_option,
+    default_url,
+    emit_records,
+    format_options,
+    url_option,
+)
+from kvgov.cli.errors import EXIT_ENVIRONMENT, EXIT_EVIDENCE, CommandError
 from kvgov.exceptions import AuditTrailEmpty, SigningKeyError
 
 __all__ = ["quarantine_group", "status_cmd", "streams_cmd"]
@@ -61,10 +61,6 @@ _spool_option = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help="A spool file named otherwise (AuditLog spool_path=); repeatable.",
 )
-
-
-def _spool_exists(spool: Path) -> bool:
-    return any(f.is_file() for f in (spool, quarantine_path(spool), marker_path(spool)))
 
 
 def _find(url: str | None, spool_dir: Path | None, spools: tuple[Path, ...]) -> list[StreamFiles]:

@@ -1,14 +1,14 @@
 """``kvgov audit ...`` (verification, compliance queries, spool status); ``kvgov db ...``
-lives in :mod:`kvgov.audit.cli_db`.
+lives in :mod:`kvgov.cli.db`.
 
 Every command takes ``--url`` (default: ``$KVGOV_AUDIT_URL``, else
 ``kvgov.defaults.AUDIT_URL``). Commands that print records take ``--format
 text|json|jsonl|csv`` (``--json`` / ``--csv`` for short); ``text`` is a table on a
-terminal and whole tab-separated values otherwise (:mod:`kvgov.audit.cli_common`).
+terminal and whole tab-separated values otherwise (:mod:`kvgov.cli.common`).
 They only read: a SQLite file that does not exist is an error, never created; a
 trail with no events is an error unless ``--allow-empty``. Errors are one line
 saying what to do, and the exit status says what kind of failure it is
-(:mod:`kvgov.audit.cli_errors`): 1 evidence (``verify`` found tampering, an empty
+(:mod:`kvgov.cli.errors`): 1 evidence (``verify`` found tampering, an empty
 trail), 2 usage, 3 environment (the database is unreachable or missing, lacks the
 schema or a permission).
 """
@@ -26,20 +26,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from kvgov.audit.cli_common import (
-    allow_empty_option,
-    default_url,
-    emit_records,
-    format_options,
-    print_table,
-    url_option,
-)
-from kvgov.audit.cli_db import MIGRATION_STREAM, db_group
-from kvgov.audit.cli_errors import (
-    EXIT_EVIDENCE,
-    ErrorsToExitCodes,
-)
-from kvgov.audit.cli_ops import quarantine_group, status_cmd, streams_cmd
 from kvgov.audit.expect import load_expected_streams
 from kvgov.audit.export import decision_log, write_decision_log
 from kvgov.audit.queries import RECORD_FIELDS, AuditQueries, AuditRecord
@@ -48,6 +34,20 @@ from kvgov.audit.store import (
     mask_url,
 )
 from kvgov.audit.verify import VerifyReport, verify
+from kvgov.cli.audit_ops import quarantine_group, status_cmd, streams_cmd
+from kvgov.cli.common import (
+    allow_empty_option,
+    default_url,
+    emit_records,
+    format_options,
+    print_table,
+    url_option,
+)
+from kvgov.cli.db import MIGRATION_STREAM, db_group
+from kvgov.cli.errors import (
+    EXIT_EVIDENCE,
+    ErrorsToExitCodes,
+)
 from kvgov.defaults import VERIFY_MAX_UNSIGNED_EVENTS, VERIFY_MAX_UNSIGNED_SECONDS
 from kvgov.exceptions import AuditTrailEmpty
 

@@ -11,15 +11,14 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
-from kvgov.audit.cli import audit_group, db_group
-from kvgov.audit.cli_common import emit_records, format_options, print_table
-from kvgov.audit.cli_errors import ErrorsToExitCodes
+from kvgov.cli.audit import audit_group, db_group
+from kvgov.cli.common import emit_records, format_options, print_table
+from kvgov.cli.errors import ErrorsToExitCodes
+from kvgov.cli.policy import policy_group
+from kvgov.cli.policy_replay import replay_command as policy_replay_command
 from kvgov.exceptions import InvalidArgument
-from kvgov.policy.cli import policy_group
-
-from .logs import configure_logging
-from .policy_replay import replay_command as policy_replay_command
-from .sizes import parse_size
+from kvgov.govern.logs import configure_logging
+from kvgov.govern.sizes import parse_size
 
 __all__ = ["main"]
 
@@ -203,7 +202,7 @@ def replay_command(
     of tenant isolation. With --tier-url, the governed cache also keeps evicted
     blocks in encrypted offload tiers and restores them on later misses.
     """
-    from .replay import run_replay
+    from kvgov.govern.replay import run_replay
 
     console = Console(stderr=True)
     with Progress(
@@ -285,8 +284,7 @@ def demo_command(
 ) -> None:
     """A multi-tenant simulation on the embedded defaults, with its report and audit trail."""
     from kvgov.allocator import resolve_device
-
-    from .demo import run_demo
+    from kvgov.cli.demo import run_demo
 
     if device is not None:
         resolve_device(device)  # e.g. cuda without CUDA: one error line, nothing created

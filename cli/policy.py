@@ -144,7 +144,7 @@ def test_command(
 ) -> None:
     """Run every test_ rule of the bundle in DIRECTORY (default: the bundled policy)."""
     as_text = fmt == "text"
-    console = _console()
+    console = review_console()
     coverage = coverage or min_coverage is not None
     engines = _ENGINES[engine]
     if coverage and "reference" not in engines:
@@ -183,7 +183,7 @@ def test_command(
         raise click.exceptions.Exit(1)
 
 
-def _console() -> Console:
+def review_console() -> Console:
     """Rich output; in a pipe, wide enough that no name or detail is cut short."""
     if sys.stdout.isatty():
         return Console(highlight=False)
@@ -256,14 +256,17 @@ def eval_command(
         raise click.exceptions.Exit(1)
 
 
-def _policy_data(data_file: Path | None) -> dict[str, Any] | None:
+def read_policy_data(data_file: Path | None) -> dict[str, Any] | None:
+    """The JSON object of ``--data`` (None without one); a bad file is a usage error."""
     data = _json_argument(str(data_file), "--data") if data_file is not None else None
     if data is not None and not isinstance(data, dict):
         raise click.BadParameter("the data must be a JSON object", param_hint="--data")
     return data
 
 
-def _open_engine(directory: Path, data: dict[str, Any] | None, engine: str) -> EmbeddedEngine | Any:
+def open_policy_engine(
+    directory: Path, data: dict[str, Any] | None, engine: str
+) -> EmbeddedEngine | Any:
     """An engine over a bundle (tests not run: a review compares, it does not gate)."""
     try:
         if engine == "reference":
@@ -283,7 +286,8 @@ def _brief(fields: Any) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in dict(fields).items())
 
 
-def _print_review(console: Console, report: ReviewReport, heading: str) -> None:
+def print_review(console: Console, report: ReviewReport, heading: str) -> None:
+    """The counts of a review, its changes by kind, tenant and class, and a few examples."""
     colour = "bold red" if report.changed else "green"
     console.print(heading)
     console.print(
@@ -310,7 +314,8 @@ def _print_review(console: Console, report: ReviewReport, heading: str) -> None:
             )
 
 
-def _finish(report: ReviewReport, fail_on_change: bool) -> None:
+def finish_review(report: ReviewReport, fail_on_change: bool) -> None:
+    """Exit 1 when ``--fail-on-change`` is set and a decision would change."""
     if fail_on_change and report.changed:
         raise click.exceptions.Exit(1)
 
@@ -330,7 +335,8 @@ _data_option = click.option(
 )
 
 
-def _review_options(f: Any) -> Any:
+def review_options(f: Any) -> Any:
+    """The options every review command takes (``diff``, ``replay``)."""
     f = click.option(
         "--fail-on-change", is_flag=True, help="Exit 1 when any decision would change."
     )(f)
@@ -345,7 +351,7 @@ def _review_options(f: Any) -> Any:
 @policy_group.command("diff")
 @click.argument("old_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("new_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@_review_options
+@review_options
 def diff_command(
     old_dir: Path,
     new_dir: Path,
@@ -357,8 +363,8 @@ def diff_command(
 ) -> None:
     """Evaluate OLD_DIR and NEW_DIR on inputs generated from their configured tenants and
     classifications, and print the decisions that differ."""
-    data = _policy_data(data_file)
-    old, new = _open_engine(old_dir, data, engine), _open_engine(new_dir, data, engine)
+    data = read_policy_data(data_file)
+    old, new = open_policy_engine(old_dir, data, engine), open_policy_engine(new_dir, data, engine)
     try:
         if old.bundle is None or new.bundle is None:
             raise InternalError("an engine just opened has no bundle")
@@ -372,5 +378,5 @@ def diff_command(
         click.echo(json.dumps({**revisions, **report.to_dict()}, indent=2))
     else:
         heading = f"old {revisions['old_revision']} -> new {revisions['new_revision']}"
-        _print_review(_console(), report, heading)
-    _finish(report, fail_on_change)
+        print_review(review_console(), report, heading)
+    finish_review(report, fail_on_change)

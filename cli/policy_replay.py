@@ -1,8 +1,9 @@
 """``kvgov policy replay``: recorded decisions against a candidate bundle.
 
-The command reads the audit trail, so it lives in govern (the one layer that may
-import both policy and audit) and is added to the ``kvgov policy`` group by
-:mod:`kvgov.govern.cli`; the comparison itself is :func:`kvgov.policy.replay.replay`.
+The command reads the audit trail and a policy bundle, so it is mounted on the
+``kvgov policy`` group by :mod:`kvgov.cli.main` (the group's own module,
+:mod:`kvgov.cli.policy`, holds the review helpers it shares); the comparison itself is
+:func:`kvgov.policy.replay.replay`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import click
 
 from kvgov.audit.export import decision_log
 from kvgov.audit.queries import AuditQueries
+from kvgov.cli.policy import (
+    finish_review,
+    open_policy_engine,
+    print_review,
+    read_policy_data,
+    review_console,
+    review_options,
+)
 from kvgov.defaults import AUDIT_URL_ENV
 from kvgov.exceptions import KVGovError, PolicyError
-from kvgov.policy.cli import (
-    _console,
-    _finish,
-    _open_engine,
-    _policy_data,
-    _print_review,
-    _review_options,
-)
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.replay import read_decision_log, replay
 
@@ -107,7 +108,7 @@ def _trail_entries(
     "--until", callback=_parse_time, help="Exclusive upper bound, ISO 8601 (UTC if no zone)."
 )
 @click.option("--tenant", default=None, help="Only decisions where this tenant asks or owns.")
-@_review_options
+@review_options
 def replay_command(
     candidate: Path,
     url: str | None,
@@ -133,7 +134,7 @@ def replay_command(
         if not trail:
             raise click.UsageError(f"give --url (or set ${AUDIT_URL_ENV}) or --decision-log")
         entries = _trail_entries(trail, since, until, tenant)
-    engine_ = _open_engine(candidate, _policy_data(data_file), engine)
+    engine_ = open_policy_engine(candidate, read_policy_data(data_file), engine)
     client = PolicyClient(engine_)
     try:
         report = replay(entries, client, max_examples=examples)
@@ -152,5 +153,5 @@ def replay_command(
         click.echo(json.dumps({"candidate_revision": revision, **report.to_dict()}, indent=2))
     else:
         source = str(log_file) if log_file is not None else "the audit trail"
-        _print_review(_console(), report, f"{source} replayed on {revision}")
-    _finish(report, fail_on_change)
+        print_review(review_console(), report, f"{source} replayed on {revision}")
+    finish_review(report, fail_on_change)
