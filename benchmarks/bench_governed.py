@@ -1,6 +1,6 @@
 """Governed cache against the bare allocator on a real trace, in the same run.
 
-Replays ``../shared/data/mooncake_conversation_trace.jsonl`` (each 512-token
+Replays ``data/mooncake/mooncake_conversation_trace.jsonl`` (each 512-token
 hash id expanded into deterministic tokens, see ``govern/replay.py``) through
 
 * the bare allocator: one namespace, plain chained SHA-256 keys, and
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from paired import ratio_stats  # benchmarks/paired.py, beside this script
+from vs_vllm_common import TRACE
 
 from kvgov.allocator import BlockPool
 from kvgov.govern import GovernedKVCache
@@ -47,13 +48,6 @@ from kvgov.govern.replay import (
     trace_scope,
 )
 
-TRACE = (
-    Path(__file__).resolve().parents[1]
-    / ".."
-    / "shared"
-    / "data"
-    / ("mooncake_conversation_trace.jsonl")
-)
 SCOPE = trace_scope("tenant-0")
 
 
@@ -86,8 +80,8 @@ def main() -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not TRACE.is_file():
-        print(f"trace not found at {TRACE}; nothing to measure")
-        return 0
+        print(f"trace not found at {TRACE} (it ships in the repository)", file=sys.stderr)
+        return 1
     requests = load_trace(TRACE, args.requests)
     spec = replay_spec(args.block_size)
     wall: list[tuple[float, float]] = []  # per pair: (bare, governed) us per block

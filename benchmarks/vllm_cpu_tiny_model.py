@@ -3,7 +3,7 @@
 An OPT-125m-shaped config (no weights: start vLLM with ``load_format="dummy"``) and a small
 byte-level BPE tokenizer trained here on made-up text, with a chat template, so ``LLM(...)``
 and the OpenAI server accept text prompts and chat messages with no hub access. Outputs are
-meaningless; the KV cache is real. From ``../shared/bench/vllm_cpu_tiny_model.py``.
+meaningless; the KV cache is real (``benchmarks/vllm-cpu.md`` has what it runs on).
 
     python vllm_cpu_tiny_model.py DIR      (in a venv with transformers and tokenizers)
 """

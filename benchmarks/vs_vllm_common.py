@@ -1,6 +1,8 @@
 """What both sides of bench_vs_vllm.py share: the pool geometry, paths, token helpers.
 
-Imports nothing of kvgov or vLLM: the vLLM worker (in its own venv) imports it too.
+Imports nothing of kvgov or vLLM: the vLLM worker (in its own venv) imports it too. The
+trace (:data:`TRACE`, in the repository's ``data/mooncake/``) is also the one
+``bench_governed.py`` and ``bench_offload_replay.py`` replay.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".bench" / "vllm-venv"
-REQUIREMENTS = REPO.parent / "shared" / "bench" / "vllm-cpu-requirements.txt"
-TRACE = REPO.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
+#: vLLM 0.33.0's CPU-side requirement pins (its CUDA ones left out), beside this file
+REQUIREMENTS = REPO / "benchmarks" / "vllm-cpu-requirements.txt"
+#: the Mooncake conversation trace (Apache-2.0; data/mooncake/README.md)
+TRACE = REPO / "data" / "mooncake" / "mooncake_conversation_trace.jsonl"
 VLLM_VERSION = "0.33.0"
 TORCH_PIN = "torch==2.13.0"
 

@@ -201,6 +201,9 @@ def replay_command(
     Both caches have the same capacity; the difference in hit rate is the cost
     of tenant isolation. With --tier-url, the governed cache also keeps evicted
     blocks in encrypted offload tiers and restores them on later misses.
+
+    TRACE is a Mooncake JSONL file (a kvgov checkout ships two in data/mooncake/;
+    the wheel does not carry them).
     """
     from kvgov.govern.replay import run_replay
 

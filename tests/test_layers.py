@@ -1,6 +1,6 @@
 """Data flows one way: cli on top, then govern, then the lower layers, apart from each other.
 
-The rule of DESIGN.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
+The rule of docs/architecture.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
 ``kvgov.audit`` and ``kvgov.offload`` import only themselves and the shared modules of
 ``kvgov`` (exceptions, defaults, schema, retry, canonical, secrecy); ``kvgov.govern`` may import
 the lower layers; ``kvgov.cli`` (the ``kvgov`` command) is the top layer, which may

@@ -43,7 +43,6 @@ KINDS = {
     "vllm": "a vLLM engine on a GPU host, or a server that runs until stopped; never run "
     "by the docs test (make test-vllm-e2e runs the same calls on a tiny model on the CPU, "
     "and the blocks whose reason names tests/govern/vllm/e2e/test_docs_blocks.py as written)",
-    "data": "the traces in ../shared/data (outside the repository); runs where present",
     "ci": "a make target or installer that CI runs itself; never run from the docs test",
 }
 

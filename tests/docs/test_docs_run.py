@@ -9,8 +9,8 @@ Convention (also in docs/index.md, "Code blocks"):
 * All the blocks of one document run in order in one fresh temporary directory, with
   the venv's ``bin`` (``kvgov``, ``python``) first on ``PATH``, no ``KVGOV_*`` variable
   set unless a block sets it, on SQLite and the embedded policy engine (``server``
-  blocks: on the stand-ins, below). ``../shared``
-  there is the repository's ``../shared`` where it exists.
+  blocks: on the stand-ins, below). ``data`` there is a link to the repository's
+  ``data/``, so a command naming ``data/mooncake/...`` runs as from a checkout's root.
 * ``text``, ``json``, ``jsonc``, ``sql``, ``yaml`` and ``rego`` blocks are shown, not
   run; a fence without a language fails the test.
 * A block that needs what CI lacks carries ``<!-- docs-test: KIND reason -->`` on the
@@ -19,8 +19,8 @@ Convention (also in docs/index.md, "Code blocks"):
   stand-ins (:mod:`tests.docs.standins`: the substitution table, the roles and
   databases made for the session, a deployment's trail); they are skipped only where
   127.0.0.1's PostgreSQL or Redis is absent, and fail then under ``CI=true``. ``gpu``
-  blocks run where CUDA is present, ``data`` blocks where ``../shared/data`` is;
-  ``vllm`` and ``ci`` blocks never run here. A skip prints KIND and the reason (``-ra``).
+  blocks run where CUDA is present; ``vllm`` and ``ci`` blocks never run here. A skip
+  prints KIND and the reason (``-ra``).
 
 A block that no longer runs fails the build; the test names it as ``file:line``.
 """
@@ -51,7 +51,9 @@ from .blocks import (
 )
 from .standins import SUBSTITUTIONS, Standins
 
-SHARED = ROOT.parent / "shared"
+#: The repository's data (the Mooncake traces), linked as ``data`` into each document's
+#: working directory: the docs name it as a reader at a checkout's root does.
+DATA = ROOT / "data"
 #: Seconds one shell block may take (the slowest is `kvgov demo --quick`).
 BLOCK_TIMEOUT = 240
 
@@ -82,8 +84,6 @@ def _skip_reason(block: Block, standins: Standins) -> str | None:
         import torch
 
         return None if torch.cuda.is_available() else why
-    if kind == "data":
-        return None if (SHARED / "data").is_dir() else why
     return why  # vllm, ci
 
 
@@ -96,8 +96,7 @@ class _DocRun:
         self.standins = standins
         self.work = base / "work"
         self.work.mkdir(parents=True)
-        if SHARED.is_dir():
-            (base / "shared").symlink_to(SHARED, target_is_directory=True)
+        (self.work / "data").symlink_to(DATA, target_is_directory=True)
         self.namespace: dict[str, Any] = {"__name__": f"docs_{doc.stem}"}
         # what a reader's shell holds: a block's `export`s are there for the next blocks
         self.env = reader_env()

