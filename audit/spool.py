@@ -57,6 +57,7 @@ replayed spool is removed, by its writer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -211,7 +212,13 @@ def _event_from(d: dict[str, Any]) -> EventRecord:
 
 
 def _append_lines(path: Path, lines: Sequence[str]) -> None:
-    """Append lines under an exclusive ``flock`` and fsync; terminate a torn last line first."""
+    """Append lines under an exclusive ``flock`` and fsync; terminate a torn last line first.
+
+    All or nothing: when a write or the fsync fails (a full disk: ENOSPC after part of
+    the lines went out), the file is cut back to its size before the call, so that a
+    later append does not complete a partial batch that no seal covers (its records
+    are still the caller's, who retries them).
+    """
     if not lines:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,21 +229,50 @@ def _append_lines(path: Path, lines: Sequence[str]) -> None:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data  # a crash cut the last write short: end that line
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # not a regular file (/dev/full): nothing to undo
+                os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)  # releases the lock
+
+
+def _read_upto_size(path: Path) -> bytes:
+    """The file's bytes, at most as many as its size when opened.
+
+    Never more: a path that is not a regular file, such as a device whose reads never
+    end (``/dev/full``, ``/dev/zero``) or a FIFO, holds nothing to read (size 0), and a
+    file another process appends to is read as it was when opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block the open
+    try:
+        size = os.fstat(fd).st_size
+        chunks: list[bytes] = []
+        while size > 0:
+            chunk = os.read(fd, min(size, 1 << 20))
+            if not chunk:
+                break  # truncated meanwhile
+            chunks.append(chunk)
+            size -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _read_lines(path: Path) -> list[str]:
     """Complete lines of a JSON Lines file (the part after the last newline is a torn write)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        data = _read_upto_size(path)
     except FileNotFoundError:
         return []
+    # universal newlines, as a text-mode read gives them
+    text = data.decode("utf-8", errors="surrogateescape").replace("\r\n", "\n").replace("\r", "\n")
     return [line for line in text.split("\n")[:-1] if line]
 
 
