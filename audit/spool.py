@@ -8,7 +8,9 @@ order, inside one transaction (skipping what the database already holds), and th
 removes the file if nothing was appended to it meanwhile.
 
 Line formats (one JSON object per line, ``\\n``-terminated; a last line without
-``\\n`` is a write cut short by a crash and is ignored)::
+``\\n`` is a write cut short by a crash and is ignored; an append that fails, e.g.
+ENOSPC part-way, is cut back off the file; a read takes at most the file's size when
+opened, so a path that is a device, such as ``/dev/full``, reads as empty)::
 
     {"kind": "event", "stream": ..., "seq": ..., "time_us": ..., "type": ...,
      ... every audit_events column ..., "block_ids": [...], "details": {...},
