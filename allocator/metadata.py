@@ -30,7 +30,7 @@ __all__ = [
 
 
 class BlockState(IntEnum):
-    """Life-cycle state of a block (see DESIGN.md)::
+    """Life-cycle state of a block (see docs/architecture.md)::
 
         FREE --allocate--> OWNED --free, keyed--> CACHED --evict/expire/revoke--+
          ^                   |                                                  |

@@ -1,38 +1,43 @@
-"""The pool-agnostic governor: policy, keys, owners, retention and audit for any block pool.
+"""The pool-agnostic governor: policy, keys, ownership, retention, erasure and audit.
 
 A serving engine keeps its own block pool (vLLM's ``BlockPool`` lives in its
 scheduler, the KV tensors in its workers), so governance cannot live inside
-kvgov's pool. The :class:`Governor` holds everything that is governance and
-drives a pool only through :class:`~kvgov.govern.protocol.GovernedPool`::
+kvgov's pool. The :class:`Governor` holds everything that is governance; its
+state is one :class:`~kvgov.govern.ledger.Ledger`, and it sees a pool only
+through :class:`~kvgov.govern.protocol.ObservedPool`::
 
                       +------------------- Governor -------------------+
-    binding --------> | views      scope -> digest, namespaces         |
-    (GovernedKVCache, | policy     admission, sharing, retention       | --> audit
-     vLLM scheduler)  | deriver    scope -> keyed chain of block keys  |     (hash-chained)
-                      | owners     block -> the scope that wrote it    |
-                      | deadlines  block -> when it expires            |
-                      | counters   per tenant                          |
+    binding --------> | policy     admission, sharing, retention       | --> audit
+    (GovernedKVCache, | deriver    scope -> keyed chain of block keys  |     (hash-chained)
+     vLLM's           | ledger     owners     block -> writer's scope  |
+     GovernedSched-   |            deadlines  block -> when it expires |
+     uler)            |            views      scope -> digest, roots   |
+                      |            counters   per tenant               |
+                      |            purging    tenants being erased     |
+                      | offload    encrypted tiers, if attached        |
                       +------------------------------------------------+
-                                |  allocate, free, lookup, set_keys,
-                                v  evict, revoke, take_events
-                           a GovernedPool (kvgov's BlockPool, vLLM's via an adapter)
+                                |  evict, revoke, states, counts,
+                                v  read_back_zero, take_events
+                           an ObservedPool (kvgov's BlockPool, vLLM's via an adapter)
 
-A binding admits a request in named steps, each a method here: ``decide``,
-``plan``, ``find_hits``, (the binding allocates), ``key_blocks``,
-``record_admission``; after every pool call it ``drain``s the pool's events,
-which turns them into owners, deadlines, counters and audit events. Erasure
-and maintenance (``purge_tenant``, ``invalidate``, ``rotate_secret``,
-``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure`; encrypted offload
-tiers, when a binding attaches them (:attr:`Governor.offload`), in
-:mod:`kvgov.govern.offloading`.
+A binding admits a request in named steps: ``admission_view``, ``decide``,
+``plan`` here; then the binding's own pool work (kvgov's binding looks up with a
+:class:`~kvgov.govern.hits.HitFinder`, allocates and keys blocks on its
+:class:`~kvgov.govern.protocol.DrivenPool`; vLLM's scheduler does that itself
+and its binding records owners and judges hits with :mod:`kvgov.govern.sharing`);
+then ``record_admission`` here. After every pool call the binding ``drain``s the
+pool's events, which turns them into owners, deadlines, counters and audit
+events. Erasure and maintenance (``purge_tenant``, ``invalidate``,
+``rotate_secret``, ``sweep``) are methods here too (the pieces they share are in
+:mod:`kvgov.govern.erasure`); encrypted offload tiers, when a binding attaches
+them (:attr:`Governor.offload`), are in :mod:`kvgov.govern.offloading`.
 
 Thread safety: one re-entrant lock (:attr:`lock`). ``decide`` and ``plan``
 need no lock (the policy client, the scope views and the audit log are
 thread-safe; deriving keys is pure), so a binding runs them first and holds
-the lock for the steps that touch the pool, owners, deadlines and counters;
-the erasure and maintenance methods take it themselves. A binding that derived
-keys before the lock re-plans under it if :attr:`deriver` changed meanwhile
-(a secret rotation).
+the lock for the steps that touch the pool and the ledger; the erasure and
+maintenance methods take it themselves. A binding that derived keys before the
+lock re-plans under it if :attr:`deriver` changed meanwhile (a secret rotation).
 """
 
 from __future__ import annotations

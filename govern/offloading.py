@@ -8,7 +8,7 @@ tenant keys) to a governor's ledger and its driven pool. It is attached once
 
     capacity eviction (inside pool.allocate)          admission (GovernedKVCache.admit)
     ---------------------------------------           ------------------------------------
-    pool -> observer(EvictedBlocks)                   find_hits: the device's prefix
+    pool -> observer(EvictedBlocks)                   HitFinder.find_hits: the device's prefix
       reason != "capacity"?         -> nothing        allocate the rest
       per owner scope:                                restore(): for each next key the
         tenant purging?             -> skip             scope's own namespace holds, in
@@ -18,7 +18,7 @@ tenant keys) to a governor's ledger and its driven pool. It is attached once
           owner tenant, deadline, bytes,                  refusals -> OFFLOAD_REFUSED
           tiers=allowed)                                  a miss    -> stop
       OFFLOAD audit event per tier                      OFFLOAD_RESTORE per tier
-    then the pool zeroizes the blocks                 key_admitted keys them as new blocks
+    then the pool zeroizes the blocks                 the binding keys them as new blocks
 
 Why only the scope's own namespace: a block published in a share group may have
 been sealed by another tenant, under that tenant's data key. Restoring it for this

@@ -1,6 +1,6 @@
 """Data flows one way: govern imports the lower layers, and they import none of each other.
 
-The rule of DESIGN.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
+The rule of docs/architecture.md, checked on the source: ``kvgov.allocator``, ``kvgov.policy``,
 ``kvgov.audit`` and ``kvgov.offload`` import only themselves and the shared modules of
 ``kvgov`` (exceptions, defaults, schema, retry, canonical, secrecy); only ``kvgov.govern`` may
 import the other layers.
