@@ -1,14 +1,16 @@
 """The safe layer: the governor and its bindings to block pools.
 
 ``Governor`` holds the governance (scope -> keys, Rego decisions from
-:mod:`kvgov.policy`, owners, retention, the audit trail of :mod:`kvgov.audit`)
-and drives any pool that speaks ``GovernedPool``. ``GovernedKVCache`` is the
-governor on kvgov's own block pool (:mod:`kvgov.allocator`), the object a
-serving stack embeds; ``CacheScope`` says what must match before KV state is
+:mod:`kvgov.policy`, retention, the audit trail of :mod:`kvgov.audit`), keeps
+its state in one ``Ledger`` (owners, deadlines, views, counters) and governs
+any pool that speaks ``ObservedPool``; a binding that runs its pool itself
+drives a ``DrivenPool``. ``GovernedKVCache`` is the governor on kvgov's own
+block pool (:mod:`kvgov.allocator`), the object a serving stack embeds;
+see docs/architecture.md; ``CacheScope`` says what must match before KV state is
 reused. ``OffloadConfig`` adds encrypted offload tiers (host memory, disk,
 Redis) under the governor: see docs/offload.md.
 
-The names are resolved on first use (PEP 562), so the ``kvgov`` command (the audit
+The names are resolved on first use (PEP 562), so ``kvgov.govern.cli`` (the audit
 and policy commands) does not import torch.
 """
 
@@ -20,7 +22,7 @@ from kvgov.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from kvgov.govern.cache import GovernedKVCache
-    from kvgov.govern.governor import Governor, RunningSequence
+    from kvgov.govern.governor import Governor
     from kvgov.govern.keys import (
         CacheKey,
         KeyDeriver,
@@ -29,9 +31,10 @@ if TYPE_CHECKING:
         namespace_root,
         scope_digest,
     )
+    from kvgov.govern.ledger import Ledger
     from kvgov.govern.offload_config import OffloadConfig, parse_tier_url
     from kvgov.govern.offloading import Offloading
-    from kvgov.govern.protocol import GovernedPool, OffloadablePool
+    from kvgov.govern.protocol import DrivenPool, ObservedPool, OffloadablePool, RunningSequence
     from kvgov.govern.results import Admission, ErasureReport, InvalidationReport, ReconcileReport
     from kvgov.govern.scope import CacheScope
     from kvgov.govern.stats import CacheStats, OffloadSnapshot, TenantStats
@@ -43,13 +46,15 @@ _EXPORTS = {
     "CacheStats": "kvgov.govern.stats",
     "ErasureReport": "kvgov.govern.results",
     "GovernedKVCache": "kvgov.govern.cache",
-    "GovernedPool": "kvgov.govern.protocol",
+    "DrivenPool": "kvgov.govern.protocol",
     "Governor": "kvgov.govern.governor",
     "InvalidationReport": "kvgov.govern.results",
     "KeyDeriver": "kvgov.govern.keys",
-    "RunningSequence": "kvgov.govern.governor",
+    "Ledger": "kvgov.govern.ledger",
+    "RunningSequence": "kvgov.govern.protocol",
     "NamespaceRoot": "kvgov.govern.keys",
     "OffloadConfig": "kvgov.govern.offload_config",
+    "ObservedPool": "kvgov.govern.protocol",
     "OffloadSnapshot": "kvgov.govern.stats",
     "OffloadablePool": "kvgov.govern.protocol",
     "Offloading": "kvgov.govern.offloading",
@@ -66,13 +71,15 @@ __all__ = [
     "CacheKey",
     "CacheScope",
     "CacheStats",
+    "DrivenPool",
     "ErasureReport",
     "GovernedKVCache",
-    "GovernedPool",
     "Governor",
     "InvalidationReport",
     "KeyDeriver",
+    "Ledger",
     "NamespaceRoot",
+    "ObservedPool",
     "OffloadConfig",
     "OffloadSnapshot",
     "OffloadablePool",

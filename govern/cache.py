@@ -1,8 +1,12 @@
 """The governed KV cache on kvgov's own block pool: the one object a serving stack embeds.
 
-``GovernedKVCache`` is a :class:`~kvgov.govern.governor.Governor` driving
-kvgov's :class:`~kvgov.allocator.BlockPool` (see the governor's module for the
-picture), plus the block tables of the requests it serves.
+``GovernedKVCache`` is the native binding: a :class:`~kvgov.govern.governor.Governor`
+on kvgov's :class:`~kvgov.allocator.BlockPool`, which it drives itself through the
+:class:`~kvgov.govern.protocol.DrivenPool` protocol (prefix lookup with a
+:class:`~kvgov.govern.hits.HitFinder`, allocation, keying, release), plus the
+block tables of the requests it serves and the retention and erasure methods
+an operator calls (sweep, the sweeper, purge, invalidation, secret rotation).
+See docs/architecture.md for the picture.
 
 Life of a request (``admit`` / ``append`` / ``release``)::
 
@@ -33,38 +37,41 @@ from kvgov.allocator import BlockPool, KVSpec, resolve_device
 from kvgov.audit import AuditLog, Deferred, EventType
 from kvgov.exceptions import (
     DuplicateSequence,
+    InvalidArgument,
     PolicyDenied,
     UnknownSequence,
 )
 from kvgov.policy import PolicyClient
 
-from . import erasure
 from .assemble import open_parts
+from .erasure import SCOPE_FILTERS, zeroization_audited
 from .governor import Governor
+from .hits import HitFinder
 from .keys import KeyDeriver, pack_tokens
 from .logs import get_logger
-from .maintenance import CacheMaintenance
 from .offload_config import OffloadConfig
 from .offloading import Offloading
-from .results import Admission, ReconcileReport
+from .plan import KeyPlan
+from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
 from .scope import CacheScope
 from .sequence import NativeSequence, check_admission, check_live_ids, check_seq_id
 from .stats import CacheStats
-from .sweeper import Sweeper
+from .sweeper import Sweeper, check_interval
 
 __all__ = ["GovernedKVCache"]
 
 _log = get_logger()
 
 
-class GovernedKVCache(CacheMaintenance):
+class GovernedKVCache:
     """A paged KV cache where every reuse is scoped, policy-decided and audited.
 
     The governance (and its invariants) is the :class:`~kvgov.govern.governor.Governor`'s;
-    this class adds kvgov's own block pool (see :class:`kvgov.allocator.BlockPool`)
-    and the block tables of live sequences. Its retention and erasure methods
-    (``sweep``, ``start_sweeper``, ``purge_tenant``, ``invalidate``,
-    ``rotate_secret``) are in :mod:`kvgov.govern.maintenance`.
+    this class adds kvgov's own block pool (see :class:`kvgov.allocator.BlockPool`),
+    which it drives (lookup, allocate, key, free), the block tables of live
+    sequences, and the retention and erasure methods (``sweep``,
+    ``start_sweeper``, ``purge_tenant``, ``invalidate``, ``rotate_secret``), which
+    hand the governor its running sequences.
 
     Thread safety: every public method takes the governor's re-entrant lock.
 
@@ -100,8 +107,11 @@ class GovernedKVCache(CacheMaintenance):
             block_size=pool.spec.block_size,
             clock=clock,
         )
+        gov = self._gov
         if offload is not None:
-            offload.attach(self._gov, pool)
+            offload.attach(gov.ledger, policy, audit, pool, pool.spec.block_size)
+            gov.offload = offload
+        self._hits = HitFinder(pool, gov.ledger, policy, audit, pool.spec.block_size, gov.drain)
         self._block_size = pool.spec.block_size
         self._seqs: dict[str, NativeSequence] = {}
         self._orphans_recovered = 0
@@ -308,7 +318,7 @@ class GovernedKVCache(CacheMaintenance):
             if gov.deriver is not deriver:  # the secret was rotated meanwhile: key anew
                 plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
             deferred: list[Deferred] = []
-            hit_ids = gov.find_hits(view, plan, packed, seq_id, deferred)
+            hit_ids = self._hits.find_hits(gov.deriver, view, plan, packed, seq_id, deferred)
             block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
             cached_tokens = len(hit_ids) * self._block_size
             try:
@@ -317,7 +327,7 @@ class GovernedKVCache(CacheMaintenance):
                         view, plan, block_ids, len(hit_ids), seq_id, deferred
                     )
                     cached_tokens += restored * self._block_size
-                gov.key_admitted(scope, block_ids, len(hit_ids), plan, adm.priority)
+                self._key_admitted(scope, block_ids, len(hit_ids), plan, adm.priority)
                 gov.record_admission(
                     view,
                     seq_id,
@@ -353,6 +363,49 @@ class GovernedKVCache(CacheMaintenance):
             cacheable=plan.cacheable,
             priority=adm.priority,
         )
+
+    def _key_blocks(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
+    ) -> None:
+        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their retention."""
+        indexed = self._pool.set_keys(block_ids, keys, priority=priority)
+        deadlines = self._gov.ledger.deadlines
+        if indexed.count(True) == len(indexed):
+            deadlines.keyed(block_ids, ttl)
+        else:
+            deadlines.keyed([b for b, ok in zip(block_ids, indexed, strict=True) if ok], ttl)
+
+    def _key_admitted(
+        self,
+        scope: CacheScope,
+        block_ids: Sequence[int],
+        first_new: int,
+        plan: KeyPlan,
+        priority: int,
+    ) -> None:
+        """Record the owner of an admission's new blocks and key its new full ones."""
+        prefix = plan.prefix_blocks
+        new_ids = block_ids[first_new:]
+        owners = self._gov.ledger.owners
+        if first_new >= prefix or plan.prefix_view is None:
+            owners.assign(new_ids, scope)
+        else:
+            owners.assign(block_ids[first_new:prefix], plan.prefix_view.scope)
+            owners.assign(block_ids[prefix:], scope)
+        if not plan.cacheable:
+            return
+        if first_new < prefix:
+            self._key_blocks(
+                block_ids[first_new:prefix], plan.keys[first_new:prefix], priority, plan.prefix_ttl
+            )
+        start = max(first_new, prefix)
+        if plan.num_full > start:
+            self._key_blocks(
+                block_ids[start : plan.num_full],
+                plan.keys[start : plan.num_full],
+                priority,
+                plan.ttl,
+            )
 
     def _allocate_rest(self, hit_ids: list[int], num_blocks: int) -> list[int]:
         """The block table: the hits, then new blocks; on any failure the hits go back."""
@@ -421,14 +474,14 @@ class GovernedKVCache(CacheMaintenance):
             needed = -(-total // bs) - len(seq.block_ids)
             new_ids = self._pool.allocate(needed) if needed > 0 else []
             gov.drain()
-            gov.owners.assign(new_ids, seq.view.scope)
+            gov.ledger.owners.assign(new_ids, seq.view.scope)
             seq.block_ids.extend(new_ids)
             tail = seq.tail + packed
             first_full = seq.num_tokens // bs
             completed = total // bs - first_full
             if completed > 0 and seq.cacheable:
                 keys = gov.deriver.derive_chain(seq.parent, tail, seq.view.digest, bs, completed)
-                gov.key_blocks(
+                self._key_blocks(
                     seq.block_ids[first_full : first_full + completed], keys, seq.priority, seq.ttl
                 )
                 seq.parent = keys[-1]
@@ -494,6 +547,132 @@ class GovernedKVCache(CacheMaintenance):
         """
         return self._pool.block(block_id)
 
+    # ------------------------------------------------------------------ retention and erasure
+
+    def sweep(self) -> int:
+        """Evict and zeroize every cached block past its retention deadline.
+
+        Offload tiers are swept too: objects past their deadline are deleted. The
+        sweep's audit event says ``verified`` when every expired block is FREE and
+        reads back as zero bytes.
+
+        Returns:
+            How many device blocks expired.
+        """
+        return self._gov.sweep()
+
+    def start_sweeper(self, interval: float) -> None:
+        """Run :meth:`sweep` every ``interval`` seconds on a daemon thread until :meth:`close`.
+
+        Args:
+            interval: seconds between sweeps (> 0).
+
+        Raises:
+            InvalidArgument: interval not a finite number of at least 0.01 seconds
+                (``defaults.MIN_SWEEP_INTERVAL``), or a sweeper already runs.
+        """
+        interval = check_interval(interval)
+        with self._gov.lock:
+            self._gov.check_open()
+            if self._sweeper is not None:
+                raise InvalidArgument("interval", interval, "a sweeper already runs")
+            self._sweeper = Sweeper(self, interval)
+            self._sweeper.start()
+
+    def purge_tenant(self, tenant: str) -> ErasureReport:
+        """Erase a tenant from the cache (right to be forgotten).
+
+        Every cached block the tenant wrote (including blocks it published to share groups)
+        is evicted and zeroized now and read back to check it is zero; blocks still held by
+        running sequences (the tenant's own, or another tenant's that reuses its public
+        blocks) cannot be freed: they become unreachable by key and are zeroized when their
+        last holder releases them; the tenant's running sequences will cache nothing. New
+        admissions for the tenant are refused while this runs. With offload tiers, the
+        tenant is crypto-shredded: its data key is destroyed first (every copy in every tier
+        is unreadable from then on), then its objects are deleted; the report and the
+        erasure event name the destroyed key ids and the deletions per tier. The erasure
+        event is durable before this returns, written after the cache lock is released.
+
+        Args:
+            tenant: the tenant.
+
+        Returns:
+            The erasure evidence: ``verified`` only when every block the tenant
+            wrote, keyed or not, is FREE now and reads back as zero bytes;
+            otherwise ``held_blocks`` says how many are still held by running
+            sequences (the erasure event says the same): end or cancel those
+            sequences and purge again for a verified report; ``evidence``
+            ``"stored"`` or ``"spooled"`` (the audit database did not answer in
+            time; the event is replayed into it later).
+
+        Raises:
+            InvalidScope: tenant is not a valid identifier.
+            KeyStoreUnavailable: the tenant's offload data key could not be
+                destroyed (the device blocks are zeroized, the attempt is audited);
+                call it again once the key store is back.
+            AuditUnavailable: the erasure could not be audited (the blocks are
+                zeroized all the same).
+        """
+        return self._gov.purge_tenant(tenant, self._seqs.values())
+
+    def invalidate(
+        self,
+        *,
+        model: str | None = None,
+        model_revision: str | None = None,
+        adapter: str | None = None,
+        adapter_revision: str | None = None,
+        tokenizer: str | None = None,
+        tokenizer_revision: str | None = None,
+        template_version: str | None = None,
+    ) -> InvalidationReport:
+        """Drop every block keyed under a scope matching all the given fields.
+
+        Run it after a weight, adapter, tokenizer or template update. Fields left
+        None match anything; at least one must be given. Offload tiers lose the
+        objects of every matching scope this worker knows (see docs/offload.md).
+
+        Returns:
+            What was dropped; ``verified`` when every block of a matching scope is
+            FREE and reads back as zero bytes, else ``held_blocks`` of them are
+            still held by running sequences (zeroized at their release).
+
+        Raises:
+            InvalidArgument: no field given, or a value that is not a non-empty string.
+        """
+        given = (
+            model,
+            model_revision,
+            adapter,
+            adapter_revision,
+            tokenizer,
+            tokenizer_revision,
+            template_version,
+        )
+        wanted = {k: v for k, v in zip(SCOPE_FILTERS, given, strict=True) if v is not None}
+        return self._gov.invalidate(wanted, self._seqs.values())
+
+    def rotate_secret(self, new_secret: bytes) -> int:
+        """Switch to a new cache-key secret; every old key becomes unreachable.
+
+        Cached blocks keyed with the old secret are evicted and zeroized; blocks
+        of running sequences are unindexed and zeroized at release, and those
+        sequences cache nothing more (their chains were derived with the old secret).
+        Every object of the offload tiers is deleted.
+
+        Args:
+            new_secret: at least 32 bytes.
+
+        Returns:
+            Blocks evicted and zeroized now (the rotation's audit event names the
+            blocks still held, ``held_blocks``, and whether the rest read back zero,
+            ``verified``).
+
+        Raises:
+            KeySecretError: the new secret is too short (nothing changed).
+        """
+        return self._gov.rotate_secret(new_secret, self._seqs.values())
+
     # ------------------------------------------------------------------ observation and life
 
     def stats(self) -> CacheStats:
@@ -522,7 +701,7 @@ class GovernedKVCache(CacheMaintenance):
             try:
                 for seq_id in list(self._seqs):
                     self._end(seq_id, cache=False, reason="closed")
-                with erasure.zeroization_audited(gov):
+                with zeroization_audited(gov.audit):
                     self._pool.close()
                 gov.drain()
             finally:
@@ -549,7 +728,7 @@ class GovernedKVCache(CacheMaintenance):
             if seq is None:
                 return False
             keep = cache and seq.cacheable
-            with erasure.zeroization_audited(gov):
+            with zeroization_audited(gov.audit):
                 # Tail blocks first, so they sit nearer the LRU end and go before the prefix.
                 self._pool.free(seq.block_ids[::-1], cache=keep)
             gov.drain()

@@ -1,38 +1,43 @@
-"""The pool-agnostic governor: policy, keys, owners, retention and audit for any block pool.
+"""The pool-agnostic governor: policy, keys, ownership, retention, erasure and audit.
 
 A serving engine keeps its own block pool (vLLM's ``BlockPool`` lives in its
 scheduler, the KV tensors in its workers), so governance cannot live inside
-kvgov's pool. The :class:`Governor` holds everything that is governance and
-drives a pool only through :class:`~kvgov.govern.protocol.GovernedPool`::
+kvgov's pool. The :class:`Governor` holds everything that is governance; its
+state is one :class:`~kvgov.govern.ledger.Ledger`, and it sees a pool only
+through :class:`~kvgov.govern.protocol.ObservedPool`::
 
                       +------------------- Governor -------------------+
-    binding --------> | views      scope -> digest, namespaces         |
-    (GovernedKVCache, | policy     admission, sharing, retention       | --> audit
-     vLLM scheduler)  | deriver    scope -> keyed chain of block keys  |     (hash-chained)
-                      | owners     block -> the scope that wrote it    |
-                      | deadlines  block -> when it expires            |
-                      | counters   per tenant                          |
+    binding --------> | policy     admission, sharing, retention       | --> audit
+    (GovernedKVCache, | deriver    scope -> keyed chain of block keys  |     (hash-chained)
+     vLLM's           | ledger     owners     block -> writer's scope  |
+     GovernedSched-   |            deadlines  block -> when it expires |
+     uler)            |            views      scope -> digest, roots   |
+                      |            counters   per tenant               |
+                      |            purging    tenants being erased     |
+                      | offload    encrypted tiers, if attached        |
                       +------------------------------------------------+
-                                |  allocate, free, lookup, set_keys,
-                                v  evict, revoke, take_events
-                           a GovernedPool (kvgov's BlockPool, vLLM's via an adapter)
+                                |  evict, revoke, states, counts,
+                                v  read_back_zero, take_events
+                           an ObservedPool (kvgov's BlockPool, vLLM's via an adapter)
 
-A binding admits a request in named steps, each a method here: ``decide``,
-``plan``, ``find_hits``, (the binding allocates), ``key_blocks``,
-``record_admission``; after every pool call it ``drain``s the pool's events,
-which turns them into owners, deadlines, counters and audit events. Erasure
-and maintenance (``purge_tenant``, ``invalidate``, ``rotate_secret``,
-``sweep``, ``stats``) live in :mod:`kvgov.govern.erasure`; encrypted offload
-tiers, when a binding attaches them (:attr:`Governor.offload`), in
-:mod:`kvgov.govern.offloading`.
+A binding admits a request in named steps: ``admission_view``, ``decide``,
+``plan`` here; then the binding's own pool work (kvgov's binding looks up with a
+:class:`~kvgov.govern.hits.HitFinder`, allocates and keys blocks on its
+:class:`~kvgov.govern.protocol.DrivenPool`; vLLM's scheduler does that itself
+and its binding records owners and judges hits with :mod:`kvgov.govern.sharing`);
+then ``record_admission`` here. After every pool call the binding ``drain``s the
+pool's events, which turns them into owners, deadlines, counters and audit
+events. Erasure and maintenance (``purge_tenant``, ``invalidate``,
+``rotate_secret``, ``sweep``) are methods here too (the pieces they share are in
+:mod:`kvgov.govern.erasure`); encrypted offload tiers, when a binding attaches
+them (:attr:`Governor.offload`), are in :mod:`kvgov.govern.offloading`.
 
 Thread safety: one re-entrant lock (:attr:`lock`). ``decide`` and ``plan``
 need no lock (the policy client, the scope views and the audit log are
 thread-safe; deriving keys is pure), so a binding runs them first and holds
-the lock for the steps that touch the pool, owners, deadlines and counters;
-the erasure and maintenance methods take it themselves. A binding that derived
-keys before the lock re-plans under it if :attr:`deriver` changed meanwhile
-(a secret rotation).
+the lock for the steps that touch the pool and the ledger; the erasure and
+maintenance methods take it themselves. A binding that derived keys before the
+lock re-plans under it if :attr:`deriver` changed meanwhile (a secret rotation).
 """
 
 from __future__ import annotations
@@ -40,39 +45,46 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.exceptions import (
     InternalError,
+    InvalidScope,
+    KeyStoreUnavailable,
     PolicyDenied,
     PolicyUnavailable,
     PoolClosed,
     TenantPurging,
 )
+from kvgov.offload import ShredReport
 from kvgov.policy import AdmissionDecision, PolicyClient
 from kvgov.policy.client import CLASSIFICATIONS_PATH
 from kvgov.policy.latency import LatencyHistogram
 
 from .assemble import close_parts
-from .hits import HitFinder
+from .erasure import (
+    check_filters,
+    erasure_check,
+    erasure_details,
+    zeroization_audited,
+)
 from .keys import KeyDeriver
+from .ledger import Ledger
 from .logs import get_logger
-from .ownership import Owners
 from .plan import KeyPlan, plan_keys, unkeyed_plan
-from .protocol import GovernedPool, RunningSequence
-from .retention import Deadlines
+from .protocol import ObservedPool, RunningSequence
+from .results import ErasureReport, InvalidationReport
 from .scope import CacheScope
-from .stats import CacheStats, _TenantCounters, snapshot
-from .views import ScopeView, ScopeViews
+from .stats import CacheStats, snapshot
+from .views import ScopeView
 
 if TYPE_CHECKING:
     from .offloading import Offloading
 
-__all__ = ["Governor", "RunningSequence"]
+__all__ = ["Governor"]
 
 _log = get_logger()
 
@@ -80,7 +92,7 @@ _log = get_logger()
 ADMISSION_OUTCOMES = ("admitted", "denied", "error")
 
 
-class Governor(HitFinder):
+class Governor:
     """Governance of one block pool: every reuse scoped, policy-decided and audited.
 
     Invariants (checked by :meth:`_check_invariants`, beyond the pool's own):
@@ -108,7 +120,7 @@ class Governor(HitFinder):
     def __init__(
         self,
         *,
-        pool: GovernedPool,
+        pool: ObservedPool,
         policy: PolicyClient,
         audit: AuditLog,
         deriver: KeyDeriver,
@@ -122,12 +134,8 @@ class Governor(HitFinder):
         self.block_size = block_size
         self.clock = clock
         self.lock = threading.RLock()
-        self.views = ScopeViews(policy)
-        self.owners = Owners(pool.num_blocks)
-        self.deadlines = Deadlines(pool.num_blocks, clock)
-        self.counters: defaultdict[str, _TenantCounters] = defaultdict(_TenantCounters)
-        self.unattributed = _TenantCounters()
-        self.purging: set[str] = set()
+        #: The governor's state: owners, deadlines, views, counters, purging tenants.
+        self.ledger = Ledger.create(pool.num_blocks, policy, clock)
         self.closed = False
         #: The encrypted offload tiers, once a binding attaches them; None: no offload work.
         self.offload: Offloading | None = None
@@ -143,7 +151,7 @@ class Governor(HitFinder):
 
     def check_not_purging(self, tenant: str) -> None:
         """Raise TenantPurging while the tenant is being erased."""
-        if tenant in self.purging:
+        if tenant in self.ledger.purging:
             raise TenantPurging(tenant)
 
     def admission_view(self, scope: CacheScope, seq_id: str, num_tokens: int) -> ScopeView:
@@ -155,11 +163,11 @@ class Governor(HitFinder):
                 closed; a POLICY_ERROR event is written).
         """
         try:
-            return self.views.view(scope)
+            return self.ledger.views.view(scope)
         except PolicyUnavailable as exc:
             decision_id = f"unavailable-{uuid.uuid4().hex}"
             with self.lock:
-                self.counters[scope.tenant].denials["policy_error"] += 1
+                self.ledger.counters[scope.tenant].denials["policy_error"] += 1
             self.audit.record(
                 AuditEvent(
                     type=EventType.POLICY_ERROR,
@@ -185,7 +193,7 @@ class Governor(HitFinder):
             return adm
         decision = adm.decision
         with self.lock:
-            self.counters[view.scope.tenant].denials[
+            self.ledger.counters[view.scope.tenant].denials[
                 "policy_error" if decision.error else (adm.reason or "denied")
             ] += 1
         self.audit.record(
@@ -220,7 +228,7 @@ class Governor(HitFinder):
             return unkeyed_plan(view, len(packed) // 4, self.block_size)
         plan = plan_keys(
             self.policy,
-            self.views,
+            self.ledger.views,
             self.deriver,
             view,
             packed,
@@ -239,47 +247,6 @@ class Governor(HitFinder):
             )
         return plan
 
-    def key_blocks(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
-    ) -> None:
-        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their retention."""
-        indexed = self.pool.set_keys(block_ids, keys, priority=priority)
-        if indexed.count(True) == len(indexed):
-            self.deadlines.keyed(block_ids, ttl)
-        else:
-            self.deadlines.keyed([b for b, ok in zip(block_ids, indexed, strict=True) if ok], ttl)
-
-    def key_admitted(
-        self,
-        scope: CacheScope,
-        block_ids: Sequence[int],
-        first_new: int,
-        plan: KeyPlan,
-        priority: int,
-    ) -> None:
-        """Record the owner of an admission's new blocks and key its new full ones."""
-        prefix = plan.prefix_blocks
-        new_ids = block_ids[first_new:]
-        if first_new >= prefix or plan.prefix_view is None:
-            self.owners.assign(new_ids, scope)
-        else:
-            self.owners.assign(block_ids[first_new:prefix], plan.prefix_view.scope)
-            self.owners.assign(block_ids[prefix:], scope)
-        if not plan.cacheable:
-            return
-        if first_new < prefix:
-            self.key_blocks(
-                block_ids[first_new:prefix], plan.keys[first_new:prefix], priority, plan.prefix_ttl
-            )
-        start = max(first_new, prefix)
-        if plan.num_full > start:
-            self.key_blocks(
-                block_ids[start : plan.num_full],
-                plan.keys[start : plan.num_full],
-                priority,
-                plan.ttl,
-            )
-
     def record_admission(
         self,
         view: ScopeView,
@@ -294,7 +261,7 @@ class Governor(HitFinder):
         cached_tokens: int,
     ) -> None:
         """Count the admission and write its audit event (every pool binding calls this)."""
-        counters = self.counters[view.scope.tenant]
+        counters = self.ledger.counters[view.scope.tenant]
         counters.requests += 1
         counters.queried_tokens += num_tokens
         counters.hit_tokens += cached_tokens
@@ -352,20 +319,20 @@ class Governor(HitFinder):
             return
         for event in events:
             if isinstance(event, BlocksCached):
-                self.deadlines.cached(event.block_ids)
+                self.ledger.deadlines.cached(event.block_ids)
             elif isinstance(event, BlocksEvicted):
                 self._record_evicted(event)
             elif isinstance(event, BlocksZeroized):
                 self._record_zeroized(event)
 
     def _record_evicted(self, event: BlocksEvicted) -> None:
-        for scope, ids in self.owners.group(event.block_ids):
-            counters = self.counters[scope.tenant] if scope else self.unattributed
+        for scope, ids in self.ledger.owners.group(event.block_ids):
+            counters = self.ledger.counters[scope.tenant] if scope else self.ledger.unattributed
             counters.evictions[event.reason] += len(ids)
             self.audit.record(
                 AuditEvent(
                     type=EventType.EVICTION,
-                    **(self.views.view(scope, admitted=True).fields if scope else {}),
+                    **(self.ledger.views.view(scope, admitted=True).fields if scope else {}),
                     block_ids=tuple(ids),
                     details={"reason": event.reason},
                 )
@@ -374,8 +341,8 @@ class Governor(HitFinder):
     def _record_zeroized(self, event: BlocksZeroized) -> None:
         per_block = event.nbytes // len(event.block_ids) if event.block_ids else 0
         # zeroized blocks are FREE now: their owner is read and cleared in one pass
-        for scope, ids in self.owners.group(event.block_ids, clear=True):
-            counters = self.counters[scope.tenant] if scope else self.unattributed
+        for scope, ids in self.ledger.owners.group(event.block_ids, clear=True):
+            counters = self.ledger.counters[scope.tenant] if scope else self.ledger.unattributed
             counters.blocks_zeroized += len(ids)
             counters.bytes_zeroized += per_block * len(ids)
             details: dict[str, Any] = {
@@ -394,6 +361,247 @@ class Governor(HitFinder):
                 )
             )
 
+    # ------------------------------------------------------------------ erasure and maintenance
+
+    def _revoke(self, block_ids: list[int], reason: str) -> tuple[list[int], list[int]]:
+        """Have the pool evict the CACHED blocks and unindex the OWNED ones; drain.
+
+        Returns:
+            The blocks evicted (zeroized now) and those detached (zeroized at release).
+        """
+        if not block_ids:
+            return [], []
+        with zeroization_audited(self.audit):
+            revoked = self.pool.revoke(block_ids, reason)
+        self.drain()
+        return list(revoked.evicted), list(revoked.detached)
+
+    def purge_tenant(self, tenant: str, live: Iterable[RunningSequence]) -> ErasureReport:
+        """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
+
+        The blocks are revoked under the lock; the erasure event, which the audit
+        log writes through to its store, is recorded after the lock is released
+        (the tenant's admissions stay refused until it is), so a slow audit
+        database never stalls other tenants. The offload tiers are shredded then
+        too: the tenant has no CACHED block left to offload, and a capacity
+        eviction of a purging tenant's block offloads nothing.
+
+        ``verified`` rests on ownership (:func:`~kvgov.govern.erasure.erasure_check`):
+        every block the ledger's owners name the tenant's before the purge must be
+        FREE and zero after it. A block a running sequence holds cannot be freed;
+        it counts in ``held_blocks`` and the purge is not verified until a later
+        one finds none.
+
+        Args:
+            tenant: the tenant.
+            live: the binding's running sequences (the tenant's stop caching).
+
+        Raises:
+            InvalidScope: tenant is not a valid identifier.
+            KeyStoreUnavailable: the tenant's offload data key could not be destroyed
+                (the device blocks are zeroized and the attempt is audited); retry.
+            AuditUnavailable: the erasure could not be audited.
+        """
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidScope("tenant", tenant, "a non-empty string")
+        ledger = self.ledger
+        ledger.purging.add(tenant)
+        try:
+            with self.lock:
+                self.check_open()
+                in_flight = []
+                for seq in live:
+                    if seq.scope.tenant == tenant:
+                        seq.cacheable = False
+                        in_flight.append(seq.seq_id)
+                written = ledger.owners.of_tenant(tenant)
+                evicted, detached = self._revoke(written, "purged")
+                # verified from ownership: every block the tenant wrote, keyed or not, is
+                # FREE and zero now; a held one is zeroized only at its holder's release
+                held, verified = erasure_check(self.pool, written)
+                nbytes = len(evicted) * self.pool.bytes_per_block
+            details: dict[str, Any] = {
+                "blocks_zeroized": len(evicted),
+                "bytes_zeroized": nbytes,
+                "detached_blocks": len(detached),
+                "held_blocks": len(held),
+                "in_flight_sequences": in_flight,
+                "verified": verified,
+            }
+            shred, failure = self._shred(tenant, details)
+            finished = details["finished_at"] = self.clock()
+            recorded = self.audit.record_durable(
+                AuditEvent(
+                    type=EventType.ERASURE, tenant=tenant, block_ids=tuple(evicted), details=details
+                )
+            )
+            if failure is not None:
+                raise failure
+            _log.info(
+                "tenant_erased",
+                tenant=tenant,
+                blocks_zeroized=len(evicted),
+                in_flight=len(in_flight),
+                held_blocks=len(held),
+                verified=verified,
+                event_id=recorded.event_id,
+                evidence=recorded.evidence,
+            )
+            return ErasureReport(
+                tenant=tenant,
+                blocks_zeroized=len(evicted),
+                bytes_zeroized=nbytes,
+                in_flight_sequences=tuple(in_flight),
+                detached_blocks=len(detached),
+                held_blocks=len(held),
+                verified=verified,
+                event_id=recorded.event_id,
+                finished_at=finished,
+                evidence=recorded.evidence,
+                destroyed_key_ids=() if shred is None else shred.destroyed_key_ids,
+                offload_deleted={} if shred is None else dict(shred.deleted),
+                offload_unreachable=() if shred is None else shred.unreachable,
+            )
+        finally:
+            ledger.purging.discard(tenant)
+
+    def _shred(
+        self, tenant: str, details: dict[str, Any]
+    ) -> tuple[ShredReport | None, KeyStoreUnavailable | None]:
+        """Crypto-shred the tenant in the offload tiers, if any; say so in details["offload"]."""
+        if self.offload is None:
+            return None, None
+        try:
+            shred = self.offload.shred(tenant)
+        except KeyStoreUnavailable as exc:
+            details["offload"] = {"shredded": False, "error": str(exc)}
+            _log.warning("offload_shred_failed", tenant=tenant, error=str(exc))
+            return None, exc
+        details["offload"] = {"shredded": True, **erasure_details(shred)}
+        return shred, None
+
+    def invalidate(
+        self, wanted: Mapping[str, str], live: Iterable[RunningSequence]
+    ) -> InvalidationReport:
+        """Drop every block of a matching scope: see :meth:`GovernedKVCache.invalidate`.
+
+        Args:
+            wanted: scope field -> value; every one must match (fields of
+                :data:`~kvgov.govern.erasure.SCOPE_FILTERS`, at least one).
+            live: the binding's running sequences (the matching ones stop caching).
+
+        Raises:
+            InvalidArgument: no filter, or a field that is not a filter.
+        """
+        check_filters(wanted)
+
+        def matches(scope: CacheScope) -> bool:
+            return all(getattr(scope, k) == v for k, v in wanted.items())
+
+        with self.lock:
+            self.check_open()
+            marked = 0
+            for seq in live:
+                if seq.cacheable and matches(seq.scope):
+                    seq.cacheable = False
+                    marked += 1
+            written = self.ledger.owners.select(matches)
+            evicted, detached = self._revoke(written, "invalidated")
+            held, verified = erasure_check(self.pool, written)
+            details: dict[str, Any] = {
+                "filter": dict(wanted),
+                "blocks_zeroized": len(evicted),
+                "detached_blocks": len(detached),
+                "held_blocks": len(held),
+                "sequences_marked": marked,
+                "verified": verified,
+            }
+            deleted = None if self.offload is None else self.offload.invalidate(matches)
+            if deleted is not None:
+                details["offload"] = erasure_details(deleted)
+            event_id = self.audit.record(
+                AuditEvent(type=EventType.INVALIDATION, block_ids=tuple(evicted), details=details)
+            )
+            _log.info("invalidated", filter=dict(wanted), blocks_zeroized=len(evicted))
+            return InvalidationReport(
+                blocks_zeroized=len(evicted),
+                detached_blocks=len(detached),
+                held_blocks=len(held),
+                sequences_marked=marked,
+                verified=verified,
+                event_id=event_id,
+                offload_deleted={} if deleted is None else dict(deleted.deleted),
+            )
+
+    def rotate_secret(self, new_secret: bytes, live: Iterable[RunningSequence]) -> int:
+        """Switch the key secret: see :meth:`GovernedKVCache.rotate_secret`.
+
+        Args:
+            new_secret: at least 32 bytes.
+            live: the binding's running sequences (none caches any more).
+
+        Raises:
+            KeySecretError: the new secret is too short (nothing changed).
+        """
+        deriver = KeyDeriver(new_secret)
+        with self.lock:
+            self.check_open()
+            for seq in live:
+                seq.cacheable = False
+            written = self.ledger.owners.held()
+            evicted, detached = self._revoke(written, "secret_rotated")
+            self.deriver = deriver
+            held, verified = erasure_check(self.pool, written)
+            details: dict[str, Any] = {
+                "blocks_zeroized": len(evicted),
+                "detached_blocks": len(detached),
+                "held_blocks": len(held),
+                "verified": verified,
+            }
+            if self.offload is not None:  # every object's key was derived with the old secret
+                details["offload"] = erasure_details(self.offload.drop_all())
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.SECRET_ROTATION, block_ids=tuple(evicted), details=details
+                )
+            )
+            return len(evicted)
+
+    def sweep(self) -> int:
+        """Evict and zeroize every cached block past its retention deadline (and tier objects).
+
+        The event's ``details.verified`` (when a block expired): every expired block is
+        FREE and reads back as zero bytes (:func:`~kvgov.govern.erasure.erasure_check`).
+
+        Returns:
+            How many device blocks expired.
+        """
+        with self.lock:
+            self.check_open()
+            due = self.ledger.deadlines.due(self.clock())
+            expired: list[int] = []
+            if due:
+                with zeroization_audited(self.audit):
+                    expired = self.pool.evict(due, "expired")
+            self.drain()
+            # the expired blocks only: a due block hit since is live KV, not erased (its
+            # deadline restarts at its next release)
+            verified = erasure_check(self.pool, expired)[1] if expired else None
+        details: dict[str, Any] = {"expired": len(expired)}
+        if verified is not None:
+            details["verified"] = verified
+        # the tiers outside the lock: the store is thread-safe, and Redis may be slow
+        tiers = None if self.offload is None else self.offload.sweep()
+        if tiers is not None and (tiers.total or tiers.unreachable):
+            details["offload"] = erasure_details(tiers)
+        if expired or "offload" in details:
+            self.audit.record(
+                AuditEvent(
+                    type=EventType.RETENTION_SWEEP, block_ids=tuple(expired), details=details
+                )
+            )
+        return len(expired)
+
     # ------------------------------------------------------------------ observation and life
 
     def stats(self, *, live_sequences: int, orphans_recovered: int) -> CacheStats:
@@ -405,14 +613,14 @@ class Governor(HitFinder):
         """
         with self.lock:
             return snapshot(
-                counters=self.counters,
-                unattributed=self.unattributed,
-                owners=None if self.closed else self.owners,
+                counters=self.ledger.counters,
+                unattributed=self.ledger.unattributed,
+                owners=None if self.closed else self.ledger.owners,
                 pool=self.pool,
                 policy=self.policy,
                 live_sequences=live_sequences,
                 orphans_recovered=orphans_recovered,
-                offload=self.offload,
+                offload=None if self.offload is None else self.offload.snapshot(),
                 admission_latency=self.admission_latency,
             )
 
@@ -435,12 +643,12 @@ class Governor(HitFinder):
             InternalError: an invariant does not hold (a bug in kvgov).
         """
         with self.lock:
-            table = self.owners.table
+            table = self.ledger.owners.table
             everything = list(range(self.pool.num_blocks))
             states = self.pool.states(everything)
             for b, state in enumerate(states):
                 if (table[b] is None) != (state is BlockState.FREE):
                     raise InternalError(f"block {b} is {state.name} but its owner is {table[b]!r}")
-            self.deadlines._check_invariants(
+            self.ledger.deadlines._check_invariants(
                 b for b, state in enumerate(states) if state is BlockState.CACHED
             )

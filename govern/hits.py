@@ -1,4 +1,4 @@
-"""Finding the cached prefix a scope may use: :class:`HitFinder`, part of the governor.
+"""Finding the cached prefix a scope may use on a driven pool: :class:`HitFinder`.
 
 A scope looks for its prompt's blocks in the namespace it publishes in, then in
 its tenant's own and every share group it may read (a public prefix first where
@@ -6,50 +6,62 @@ that scope publishes, then where it may read). A hit on a block another tenant
 wrote is used only if the sharing policy allows that requester and that owner
 (:mod:`kvgov.govern.sharing`), and every reuse is audited.
 
-The methods are the governor's (:class:`~kvgov.govern.governor.Governor`
-inherits them); they live here to keep the governor's module to the admission
-story. They run under the governor's lock.
+Only a binding that drives its pool looks prefixes up itself (kvgov's own
+:class:`~kvgov.govern.cache.GovernedKVCache`, on a
+:class:`~kvgov.govern.protocol.DrivenPool`); vLLM's scheduler looks up in its
+own pool, and its binding judges those hits with :mod:`kvgov.govern.sharing`
+directly. The finder runs under the governor's lock.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
 
 from kvgov.audit import AuditLog, Deferred
 from kvgov.policy import PolicyClient
 
 from . import sharing
 from .keys import KeyDeriver
-from .ownership import Owners
+from .ledger import Ledger
 from .plan import KeyPlan
-from .protocol import GovernedPool
-from .views import ScopeView, ScopeViews
-
-if TYPE_CHECKING:
-    from collections import defaultdict
-    from collections.abc import Callable
-
-    from .governor import Governor
-    from .stats import _TenantCounters
+from .protocol import DrivenPool
+from .views import ScopeView
 
 __all__ = ["HitFinder"]
 
 
 class HitFinder:
-    """Prefix lookup over a scope's namespaces, the sharing check and the reuse audit."""
+    """Prefix lookup over a scope's namespaces, the sharing check and the reuse audit.
 
-    pool: GovernedPool
-    policy: PolicyClient
-    audit: AuditLog
-    deriver: KeyDeriver
-    block_size: int
-    views: ScopeViews
-    owners: Owners
-    counters: defaultdict[str, _TenantCounters]
-    drain: Callable[[], None]  # the governor's: pool events into owners, deadlines, audit
+    Args:
+        pool: the driven pool the lookups go to.
+        ledger: the governor's ledger (owners, views, counters).
+        policy: the sharing policy.
+        audit: the audit log.
+        block_size: tokens per block.
+        drain: the governor's drain (pool events into the ledger and the audit trail),
+            called after every pool call.
+    """
+
+    def __init__(
+        self,
+        pool: DrivenPool,
+        ledger: Ledger,
+        policy: PolicyClient,
+        audit: AuditLog,
+        block_size: int,
+        drain: Callable[[], None],
+    ) -> None:
+        self.pool = pool
+        self.ledger = ledger
+        self.policy = policy
+        self.audit = audit
+        self.block_size = block_size
+        self.drain = drain
 
     def find_hits(
         self,
+        deriver: KeyDeriver,
         view: ScopeView,
         plan: KeyPlan,
         packed: bytes,
@@ -65,14 +77,15 @@ class HitFinder:
         reuse, a refused share) are appended to the chain here and their waits
         added to ``deferred``: the binding waits on them after releasing the
         lock, before it hands the blocks out, so no database wait holds the lock.
+        ``deriver`` is the governor's at the call (it changes on a secret rotation).
         """
         if not plan.cacheable or not plan.max_hit:
             return []
         if plan.prefix_blocks:
-            hits = self._prefix_lookup(plan, packed)
+            hits = self._prefix_lookup(deriver, plan, packed)
         else:
             hits = self.pool.lookup(plan.keys[: plan.max_hit])
-            hits = self._longest_hit(hits, plan.read_roots, packed, view, plan.max_hit)
+            hits = self._longest_hit(deriver, hits, plan.read_roots, packed, view, plan.max_hit)
         self.drain()
         if not hits:
             return hits
@@ -90,7 +103,7 @@ class HitFinder:
             del hits[keep:]
         return hits
 
-    def _prefix_lookup(self, plan: KeyPlan, packed: bytes) -> list[int]:
+    def _prefix_lookup(self, deriver: KeyDeriver, plan: KeyPlan, packed: bytes) -> list[int]:
         """Longest hit for an admission with a public prefix; takes a reference on it only.
 
         The prefix is looked up where the public scope publishes, then, if that
@@ -103,13 +116,16 @@ class HitFinder:
         span = min(plan.prefix_blocks, max_hit)
         if len(best) >= span or plan.prefix_view is None:
             return best
-        best = self._longest_hit(best, plan.prefix_read_roots, packed, plan.prefix_view, span)
+        best = self._longest_hit(
+            deriver, best, plan.prefix_read_roots, packed, plan.prefix_view, span
+        )
         if len(best) == span < max_hit:  # the whole prefix, found in another namespace
             best += self.pool.lookup(plan.keys[span:max_hit])
         return best
 
     def _longest_hit(
         self,
+        deriver: KeyDeriver,
         best: list[int],
         roots: tuple[bytes, ...],
         packed: bytes,
@@ -127,7 +143,7 @@ class HitFinder:
         for root in roots:
             if len(best) == count:
                 break
-            chain = self.deriver.derive_chain(root, packed, view.digest, self.block_size, count)
+            chain = deriver.derive_chain(root, packed, view.digest, self.block_size, count)
             found = pool.lookup(chain)
             if len(found) > len(best):
                 best, found = found, best
@@ -150,7 +166,18 @@ class HitFinder:
         the critical events deferred. Gives nothing back itself: :meth:`find_hits`
         frees the blocks past the cut, or every hit block if this raises.
         """
-        gov = cast("Governor", self)
-        verdict = sharing.judge(gov, view, hit_ids, seq_id, prefix_view, prefix_blocks, deferred)
-        sharing.audit_reuse(gov, view, hit_ids[: verdict.keep], seq_id, verdict.granted, deferred)
+        ledger, audit = self.ledger, self.audit
+        verdict = sharing.judge(
+            ledger, self.policy, audit, view, hit_ids, seq_id, prefix_view, prefix_blocks, deferred
+        )
+        sharing.audit_reuse(
+            ledger,
+            audit,
+            self.block_size,
+            view,
+            hit_ids[: verdict.keep],
+            seq_id,
+            verdict.granted,
+            deferred,
+        )
         return verdict.keep

@@ -1,12 +1,14 @@
 """The governor's offload tiers: capture on capacity eviction, restore on admission, erasure.
 
 :class:`Offloading` joins an :class:`~kvgov.offload.OffloadStore` (sealing, tiers,
-tenant keys) to a governor and its pool. It is attached once; without it the
-governor does no offload work at all (one ``is None`` test per admission)::
+tenant keys) to a governor's ledger and its driven pool. It is attached once
+(:meth:`Offloading.attach`), and the binding hands it to the governor
+(``Governor.offload``); without it the governor does no offload work at all
+(one ``is None`` test per admission)::
 
     capacity eviction (inside pool.allocate)          admission (GovernedKVCache.admit)
     ---------------------------------------           ------------------------------------
-    pool -> observer(EvictedBlocks)                   find_hits: the device's prefix
+    pool -> observer(EvictedBlocks)                   HitFinder.find_hits: the device's prefix
       reason != "capacity"?         -> nothing        allocate the rest
       per owner scope:                                restore(): for each next key the
         tenant purging?             -> skip             scope's own namespace holds, in
@@ -16,7 +18,7 @@ governor does no offload work at all (one ``is None`` test per admission)::
           owner tenant, deadline, bytes,                  refusals -> OFFLOAD_REFUSED
           tiers=allowed)                                  a miss    -> stop
       OFFLOAD audit event per tier                      OFFLOAD_RESTORE per tier
-    then the pool zeroizes the blocks                 key_admitted keys them as new blocks
+    then the pool zeroizes the blocks                 the binding keys them as new blocks
 
 Why only the scope's own namespace: a block published in a share group may have
 been sealed by another tenant, under that tenant's data key. Restoring it for this
@@ -34,10 +36,9 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import EvictedBlocks
-from kvgov.audit import AuditEvent, Deferred, EventType
+from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
 from kvgov.defaults import MAX_SCOPES
 from kvgov.exceptions import InvalidArgument, OffloadError
 from kvgov.offload import (
@@ -48,24 +49,43 @@ from kvgov.offload import (
     ShredReport,
     WrappedKeyStore,
 )
+from kvgov.policy import PolicyClient
 
+from .ledger import Ledger
 from .logs import get_logger
+from .plan import KeyPlan
 from .protocol import OffloadablePool
 from .scope import CacheScope
 from .stats import OffloadSnapshot
 from .views import ScopeView
 
-if TYPE_CHECKING:
-    from .governor import Governor
-    from .plan import KeyPlan
-
-__all__ = ["Offloading", "erasure_details"]
+__all__ = ["Offloading"]
 
 _log = get_logger()
 
 #: The eviction reason that is offloaded; purge, invalidation, rotation, expiry and
 #: close destroy the KV on purpose.
 CAPACITY = "capacity"
+
+
+class _Attached:
+    """What an attached :class:`Offloading` works with: the governor's parts it reads."""
+
+    __slots__ = ("audit", "block_size", "ledger", "policy", "pool")
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: PolicyClient,
+        audit: AuditLog,
+        pool: OffloadablePool,
+        block_size: int,
+    ) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.audit = audit
+        self.pool = pool
+        self.block_size = block_size
 
 
 class Offloading:
@@ -81,8 +101,7 @@ class Offloading:
         self.store = store
         self._key_store = key_store
         self._tiers = store.tier_names
-        self._gov: Governor | None = None
-        self._pool: OffloadablePool | None = None
+        self._parts: _Attached | None = None
         self._denied: Counter[str] = Counter()
         self._not_offloaded: Counter[str] = Counter()
         self._restore_errors = 0
@@ -95,14 +114,31 @@ class Offloading:
         """The tiers' names, in lookup order (the names the offload policy is asked about)."""
         return self._tiers
 
-    def attach(self, gov: Governor, pool: object) -> None:
-        """Wire into a governor and its pool: observe the pool's evictions, be ``gov.offload``.
+    def attach(
+        self,
+        ledger: Ledger,
+        policy: PolicyClient,
+        audit: AuditLog,
+        pool: object,
+        block_size: int,
+    ) -> None:
+        """Wire into a governor's ledger and its pool: observe the pool's evictions.
+
+        The binding then hands this object to the governor (``Governor.offload``),
+        which reaches it on admission, erasure, stats and close.
+
+        Args:
+            ledger: the governor's ledger (owners, deadlines, views, counters, purging).
+            policy: the policy client (offload decisions).
+            audit: the audit log.
+            pool: the pool; it must be an :class:`~kvgov.govern.protocol.OffloadablePool`.
+            block_size: tokens per block.
 
         Raises:
             InvalidArgument: the pool cannot show evicted bytes or give block views,
                 or this object is attached already.
         """
-        if self._gov is not None:
+        if self._parts is not None:
             raise InvalidArgument("offload", self, "is attached to a governor already")
         if not isinstance(pool, OffloadablePool):
             raise InvalidArgument(
@@ -111,14 +147,13 @@ class Offloading:
                 "offload needs a pool with set_eviction_observer() and block() "
                 "(kvgov.allocator.BlockPool); leave offload unset for this binding",
             )
-        self._gov, self._pool = gov, pool
-        gov.offload = self
+        self._parts = _Attached(ledger, policy, audit, pool, block_size)
         pool.set_eviction_observer(self._on_evict)
 
-    def _bound(self) -> tuple[Governor, OffloadablePool]:
-        if self._gov is None or self._pool is None:
+    def _bound(self) -> _Attached:
+        if self._parts is None:
             raise InvalidArgument("offload", self, "attach it to a governor first")
-        return self._gov, self._pool
+        return self._parts
 
     # ------------------------------------------------------------------ capture
 
@@ -133,22 +168,23 @@ class Offloading:
             _log.warning("offload_failed", error=repr(exc))
 
     def _capture(self, evicted: EvictedBlocks) -> None:
-        gov, _pool = self._bound()
+        parts = self._bound()
+        ledger = parts.ledger
         key_of = dict(zip(evicted.block_ids, evicted.keys, strict=True))
-        for owner, ids in gov.owners.group(evicted.block_ids):
+        for owner, ids in ledger.owners.group(evicted.block_ids):
             if owner is None:  # pragma: no cover - every CACHED block has an owner
                 continue
-            if owner.tenant in gov.purging:
+            if owner.tenant in ledger.purging:
                 self._not_offloaded["purging"] += len(ids)
                 continue
-            view = gov.views.view(owner, admitted=True)
-            tiers = self._allowed(gov, view, len(ids))
+            view = ledger.views.view(owner, admitted=True)
+            tiers = self._allowed(parts, view, len(ids))
             if not tiers:
                 continue
             stored: dict[str, list[int]] = {}
             key_id = None
             for b in ids:
-                deadline = gov.deadlines.deadline(b)
+                deadline = ledger.deadlines.deadline(b)
                 if not math.isfinite(deadline):
                     self._not_offloaded["no_deadline"] += 1
                     continue
@@ -161,9 +197,9 @@ class Offloading:
                         stored.setdefault(put.tier, []).append(b)
             if stored:
                 self._remember(view)
-                gov.counters[owner.tenant].blocks_offloaded += len(set().union(*stored.values()))
+                ledger.counters[owner.tenant].blocks_offloaded += len(set().union(*stored.values()))
                 for tier, blocks in stored.items():
-                    gov.audit.record(
+                    parts.audit.record(
                         AuditEvent(
                             type=EventType.OFFLOAD,
                             **view.fields,
@@ -172,22 +208,22 @@ class Offloading:
                         )
                     )
 
-    def _allowed(self, gov: Governor, view: ScopeView, n: int) -> tuple[str, ...]:
+    def _allowed(self, parts: _Attached, view: ScopeView, n: int) -> tuple[str, ...]:
         """The tiers the offload policy allows for a scope's ``n`` evicted blocks."""
-        root, _read, _groups = gov.views.namespaces(view)
+        root, _read, _groups = parts.ledger.views.namespaces(view)
         if root != view.own_root:  # published in a share group: see the module docstring
             self._not_offloaded["shared_namespace"] += n
             return ()
         allowed = []
         for tier in self._tiers:
-            decision = gov.policy.offload(view.fields, tier)
+            decision = parts.policy.offload(view.fields, tier)
             if decision.allow:
                 allowed.append(tier)
                 continue
             self._denied[tier] += n
             d = decision.decision
             if d.error is not None:  # fail closed (nothing offloaded), and say so
-                gov.audit.record(
+                parts.audit.record(
                     AuditEvent(
                         type=EventType.POLICY_ERROR,
                         **view.fields,
@@ -237,8 +273,9 @@ class Offloading:
         Returns:
             How many blocks were restored (they count as hits).
         """
-        gov, pool = self._bound()
-        end = self._restorable_end(gov, view, plan, first)
+        parts = self._bound()
+        pool = parts.pool
+        end = self._restorable_end(parts.ledger, view, plan, first)
         if end <= first:
             return 0
         tenant = view.scope.tenant
@@ -267,26 +304,26 @@ class Offloading:
             i += 1
         for (tier, _scope), (owner, blocks, key_ids) in restored.items():
             self._remember(owner)
-            gov.audit.record(
+            parts.audit.record(
                 AuditEvent(
                     type=EventType.OFFLOAD_RESTORE,
                     **{**owner.fields, "requester_tenant": tenant},
                     sequence_id=seq_id,
                     block_ids=tuple(blocks),
-                    reused_tokens=len(blocks) * gov.block_size,
+                    reused_tokens=len(blocks) * parts.block_size,
                     details={"tier": tier, "key_ids": sorted(key_ids)},
                 )
             )
-        gov.counters[tenant].blocks_restored += i - first
+        parts.ledger.counters[tenant].blocks_restored += i - first
         return i - first
 
-    def _restorable_end(self, gov: Governor, view: ScopeView, plan: KeyPlan, first: int) -> int:
+    def _restorable_end(self, ledger: Ledger, view: ScopeView, plan: KeyPlan, first: int) -> int:
         """Where the run of blocks the tiers may fill ends: own-namespace keys up to max_hit."""
         if not plan.cacheable:
             return first
         own = view.own_root
         if first < plan.prefix_blocks and plan.prefix_view is not None:
-            if gov.views.namespaces(plan.prefix_view)[0] != own:
+            if ledger.views.namespaces(plan.prefix_view)[0] != own:
                 return first
             return plan.max_hit if plan.root == own else min(plan.max_hit, plan.prefix_blocks)
         return plan.max_hit if plan.root == own else first
@@ -294,9 +331,9 @@ class Offloading:
     def _record_refusal(
         self, owner: ScopeView, tenant: str, seq_id: str, block_id: int, refusal: Refusal
     ) -> Deferred:
-        gov, _pool = self._bound()
-        gov.counters[tenant].offload_refusals += 1
-        return gov.audit.defer(
+        parts = self._bound()
+        parts.ledger.counters[tenant].offload_refusals += 1
+        return parts.audit.defer(
             AuditEvent(
                 type=EventType.OFFLOAD_REFUSED,
                 **{**owner.fields, "requester_tenant": tenant},
@@ -329,9 +366,9 @@ class Offloading:
         saw is left to that worker's invalidation, or to its deadline; it can be
         restored only under a scope whose fields hash to its digest.
         """
-        gov, _pool = self._bound()
+        views = self._bound().ledger.views
         stale = {d for d, s in self._scopes.items() if matches(s)}
-        stale.update(v.digest for v in gov.views.known() if matches(v.scope))
+        stale.update(v.digest for v in views.known() if matches(v.scope))
         if not stale:
             return DeleteReport({t: 0 for t in self._tiers}, ())
         return self.store.delete_where(lambda info: info.scope_digest in stale)
@@ -362,14 +399,3 @@ class Offloading:
         finally:
             if self._key_store is not None:
                 self._key_store.close()
-
-
-def erasure_details(report: ShredReport | DeleteReport) -> dict[str, Any]:
-    """What an audit event says of a tier erasure (never key material, never payload)."""
-    out: dict[str, Any] = {
-        "deleted": dict(report.deleted),
-        "unreachable": list(report.unreachable),
-    }
-    if isinstance(report, ShredReport):
-        out["destroyed_key_ids"] = list(report.destroyed_key_ids)
-    return out

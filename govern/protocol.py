@@ -1,26 +1,39 @@
-"""The one small protocol through which the governor drives a block pool.
+"""The two protocols through which the governor sees a block pool.
 
-kvgov's own :class:`~kvgov.allocator.BlockPool` satisfies it as it is; a
-serving engine's pool (vLLM's ``BlockPool``) satisfies it through an adapter in
-its binding. The governor never reaches past it: no tensors, no free queues,
-no engine internals.
+A pool is either *observed* or *driven*:
+
+* :class:`ObservedPool` is all the governor needs of a pool whose engine runs it
+  (vLLM's scheduler allocates, looks up, keys and frees blocks in its own
+  ``BlockPool``): what it holds (``states``, ``counts``, ``read_back_zero``),
+  what happened (``take_events``), and the two calls erasure and retention
+  make on it (``evict``, ``revoke``). The
+  :class:`~kvgov.govern.governor.Governor` is typed on it, so it runs on
+  either kind. vLLM's pool satisfies it through
+  :class:`~kvgov.govern.vllm.pool.VllmPoolAdapter`.
+* :class:`DrivenPool` adds what a binding that runs its pool itself calls:
+  ``allocate``, ``free``, ``lookup``, ``set_keys``. kvgov's own
+  :class:`~kvgov.allocator.BlockPool` satisfies it as it is; its binding,
+  :class:`~kvgov.govern.cache.GovernedKVCache`, looks prefixes up
+  (:class:`~kvgov.govern.hits.HitFinder`) and keys blocks through it.
+
+Neither reaches past the pool: no tensors, no free queues, no engine internals.
 
 What a pool promises:
 
 * block ids are ints in ``0..num_blocks-1``;
-* ``allocate`` hands out only zeroed blocks, ``lookup`` takes a reference on
-  each block it returns and stops at the first miss, ``free`` drops one
-  reference per id and caches a keyed block on its last reference;
 * every block that leaves an owner (evicted, freed unkeyed, revoked) is
   zeroized, or ordered zeroized where the bytes live elsewhere (another
   process), and reported in a :class:`~kvgov.allocator.BlocksZeroized` event;
 * ``take_events`` returns what happened since the last call, in order, with
   the event types of :mod:`kvgov.allocator.events`; the governor drains them
-  after every call that can emit.
+  after every call that can emit;
+* (driven) ``allocate`` hands out only zeroed blocks, ``lookup`` takes a
+  reference on each block it returns and stops at the first miss, ``free``
+  drops one reference per id and caches a keyed block on its last reference.
 
-Offload (:mod:`kvgov.govern.offloading`) needs two things more of a pool, so
-they are a protocol of their own, :class:`OffloadablePool`; a binding whose pool
-lacks them runs without offload tiers:
+Offload (:mod:`kvgov.govern.offloading`) needs two things more of a driven
+pool, so they are a protocol of their own, :class:`OffloadablePool`; a binding
+whose pool lacks them runs without offload tiers:
 
 * ``set_eviction_observer`` shows every batch of evicted blocks (ids, keys,
   reason, and their bytes) to an observer before the batch is zeroized, in
@@ -38,11 +51,14 @@ from kvgov.allocator import BlockState, EvictionObserver, PoolCounts, PoolEvent,
 
 from .scope import CacheScope
 
-__all__ = ["GovernedPool", "OffloadablePool", "RunningSequence"]
+__all__ = ["DrivenPool", "ObservedPool", "OffloadablePool", "RunningSequence"]
 
 
-class GovernedPool(Protocol):
-    """A block pool the governor can drive (see the module docstring for its promises)."""
+class ObservedPool(Protocol):
+    """A block pool the governor observes: its engine allocates, looks up and frees.
+
+    See the module docstring for its promises.
+    """
 
     @property
     def num_blocks(self) -> int:
@@ -52,24 +68,6 @@ class GovernedPool(Protocol):
     @property
     def bytes_per_block(self) -> int:
         """Bytes of KV one block holds (what a zeroization clears)."""
-        ...
-
-    def allocate(self, n: int) -> list[int]:
-        """Hand out ``n`` zeroed blocks, evicting cached ones if needed; OutOfBlocks if not."""
-        ...
-
-    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
-        """Drop one reference per id; a keyed block's last one caches it if ``cache``."""
-        ...
-
-    def lookup(self, keys: Iterable[bytes]) -> list[int]:
-        """The blocks of the longest leading run of ``keys`` that hit, each with a reference."""
-        ...
-
-    def set_keys(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
-    ) -> list[bool]:
-        """Key OWNED blocks; per block, whether its key was indexed (False: a duplicate)."""
         ...
 
     def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
@@ -97,9 +95,31 @@ class GovernedPool(Protocol):
         ...
 
 
+class DrivenPool(ObservedPool, Protocol):
+    """A block pool its binding drives: allocate, free, lookup and key blocks itself."""
+
+    def allocate(self, n: int) -> list[int]:
+        """Hand out ``n`` zeroed blocks, evicting cached ones if needed; OutOfBlocks if not."""
+        ...
+
+    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
+        """Drop one reference per id; a keyed block's last one caches it if ``cache``."""
+        ...
+
+    def lookup(self, keys: Iterable[bytes]) -> list[int]:
+        """The blocks of the longest leading run of ``keys`` that hit, each with a reference."""
+        ...
+
+    def set_keys(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
+    ) -> list[bool]:
+        """Key OWNED blocks; per block, whether its key was indexed (False: a duplicate)."""
+        ...
+
+
 @runtime_checkable
-class OffloadablePool(GovernedPool, Protocol):
-    """A pool whose evicted blocks can go to offload tiers (see the module docstring)."""
+class OffloadablePool(DrivenPool, Protocol):
+    """A driven pool whose evicted blocks can go to offload tiers (see the module docstring)."""
 
     def set_eviction_observer(self, observer: EvictionObserver | None) -> None:
         """Show each batch of evicted blocks to ``observer`` before zeroizing it (None: stop)."""

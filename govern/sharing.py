@@ -15,25 +15,24 @@ the lookup and audits what was committed:
 * :func:`audit_reuse` writes one REUSE or CROSS_TENANT_REUSE event per owner
   scope of the blocks actually reused.
 
-``GovernedKVCache`` runs both at its lookup (``Governor._check_sharing``).
-Both assume the governor's lock is held.
+``GovernedKVCache`` runs both at its lookup (``HitFinder.find_hits``); vLLM's
+binding judges at vLLM's lookup and audits at its allocation. Both take the
+governor's :class:`~kvgov.govern.ledger.Ledger` and the collaborators they use,
+and assume the governor's lock is held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from kvgov.audit import AuditEvent, Deferred, EventType
+from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
 from kvgov.exceptions import InternalError
 from kvgov.policy import Decision, PolicyClient, SharingDecision
 
+from .ledger import Ledger
 from .scope import CacheScope
 from .views import ScopeView
-
-if TYPE_CHECKING:
-    from .governor import Governor
 
 __all__ = ["HitVerdict", "audit_reuse", "judge", "judge_hits"]
 
@@ -105,7 +104,9 @@ def judge_hits(
 
 
 def judge(
-    gov: Governor,
+    ledger: Ledger,
+    policy: PolicyClient,
+    audit: AuditLog,
     view: ScopeView,
     hit_ids: Sequence[int],
     seq_id: str,
@@ -121,7 +122,9 @@ def judge(
     past ``keep``.
 
     Args:
-        gov: the governor (its lock held).
+        ledger: the governor's ledger (its lock held): owners, views, counters.
+        policy: the sharing policy.
+        audit: the audit log.
         view: the requester's scope.
         hit_ids: the blocks the lookup found, in order.
         seq_id: the requesting sequence (for the audit trail).
@@ -135,12 +138,13 @@ def judge(
         and the refusal that cut the hit, if any.
     """
     requester = view.scope.tenant
-    if all(o is not None and o.tenant == requester for o, _ in gov.owners.group(hit_ids)):
+    owners, views = ledger.owners, ledger.views
+    if all(o is not None and o.tenant == requester for o, _ in owners.group(hit_ids)):
         return HitVerdict(keep=len(hit_ids))
     verdict = judge_hits(
-        gov.policy,
-        lambda owner: gov.views.view(owner, admitted=True),
-        gov.owners.table,
+        policy,
+        lambda owner: views.view(owner, admitted=True),
+        owners.table,
         view,
         hit_ids,
         prefix_view,
@@ -148,12 +152,12 @@ def judge(
     )
     if verdict.denied is not None:
         owner, share = verdict.denied
-        gov.counters[requester].cross_tenant_denied += 1
+        ledger.counters[requester].cross_tenant_denied += 1
         _critical(
-            gov,
+            audit,
             AuditEvent(
                 type=EventType.SHARE_DENIED,
-                **{**gov.views.view(owner, admitted=True).fields, "requester_tenant": requester},
+                **{**views.view(owner, admitted=True).fields, "requester_tenant": requester},
                 sequence_id=seq_id,
                 decision_id=share.decision.decision_id,
                 policy_revision=share.decision.bundle_revision,
@@ -165,7 +169,9 @@ def judge(
 
 
 def audit_reuse(
-    gov: Governor,
+    ledger: Ledger,
+    audit: AuditLog,
+    block_size: int,
     view: ScopeView,
     reused_ids: Sequence[int],
     seq_id: str,
@@ -175,7 +181,9 @@ def audit_reuse(
     """Audit a reuse: one REUSE (own tenant) or CROSS_TENANT_REUSE event per owner scope.
 
     Args:
-        gov: the governor (its lock held).
+        ledger: the governor's ledger (its lock held): owners, views, counters.
+        audit: the audit log.
+        block_size: tokens per block (the reused token count).
         view: the requester's scope.
         reused_ids: the blocks reused, a prefix of what :func:`judge` kept.
         seq_id: the requesting sequence.
@@ -187,14 +195,14 @@ def audit_reuse(
             reused without a granting decision (a bug in kvgov).
     """
     requester = view.scope.tenant
-    counters = gov.counters[requester]
-    per_block = gov.block_size
-    for owner, ids in gov.owners.group(reused_ids):
+    counters = ledger.counters[requester]
+    per_block = block_size
+    for owner, ids in ledger.owners.group(reused_ids):
         if owner is None:
             raise InternalError(f"reused blocks {list(ids)[:8]} have no owner")
-        fields = {**gov.views.view(owner, admitted=True).fields, "requester_tenant": requester}
+        fields = {**ledger.views.view(owner, admitted=True).fields, "requester_tenant": requester}
         if owner.tenant == requester:
-            gov.audit.record(
+            audit.record(
                 AuditEvent(
                     type=EventType.REUSE,
                     **fields,
@@ -209,7 +217,7 @@ def audit_reuse(
             raise InternalError(f"tenant {requester!r} reused blocks of {owner.tenant!r} unjudged")
         counters.cross_tenant_reuses += 1
         _critical(
-            gov,
+            audit,
             AuditEvent(
                 type=EventType.CROSS_TENANT_REUSE,
                 **fields,
@@ -223,9 +231,9 @@ def audit_reuse(
         )
 
 
-def _critical(gov: Governor, event: AuditEvent, deferred: list[Deferred] | None) -> None:
+def _critical(audit: AuditLog, event: AuditEvent, deferred: list[Deferred] | None) -> None:
     """Write a critical event now, or append it and leave its wait in ``deferred``."""
     if deferred is None:
-        gov.audit.record(event)
+        audit.record(event)
     else:
-        deferred.append(gov.audit.defer(event))
+        deferred.append(audit.defer(event))

@@ -15,11 +15,10 @@ if TYPE_CHECKING:
     from kvgov.offload import TierStats
     from kvgov.policy import PolicyClient
 
-    from .offloading import Offloading
     from .ownership import Owners
-    from .protocol import GovernedPool
+    from .protocol import ObservedPool
 
-__all__ = ["CacheStats", "OffloadSnapshot", "TenantStats"]
+__all__ = ["CacheStats", "OffloadSnapshot", "TenantCounters", "TenantStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +127,7 @@ class OffloadSnapshot:
     restore_errors: int
 
 
-class _TenantCounters:
+class TenantCounters:
     """Mutable counters of one tenant; only the cache, under its lock, changes them."""
 
     __slots__ = (
@@ -179,8 +178,8 @@ class _TenantCounters:
         )
 
 
-def _sum(counters: Iterable[_TenantCounters]) -> _TenantCounters:
-    total = _TenantCounters()
+def _sum(counters: Iterable[TenantCounters]) -> TenantCounters:
+    total = TenantCounters()
     for c in counters:
         total.requests += c.requests
         total.queried_tokens += c.queried_tokens
@@ -199,14 +198,14 @@ def _sum(counters: Iterable[_TenantCounters]) -> _TenantCounters:
 
 def snapshot(
     *,
-    counters: Mapping[str, _TenantCounters],
-    unattributed: _TenantCounters,
+    counters: Mapping[str, TenantCounters],
+    unattributed: TenantCounters,
     owners: Owners | None,
-    pool: GovernedPool,
+    pool: ObservedPool,
     policy: PolicyClient,
     live_sequences: int,
     orphans_recovered: int,
-    offload: Offloading | None = None,
+    offload: OffloadSnapshot | None = None,
     admission_latency: Mapping[str, LatencyHistogram] | None = None,
 ) -> CacheStats:
     """Freeze a governor's counters, with its blocks by state per tenant and in total.
@@ -219,7 +218,7 @@ def snapshot(
         policy: the policy client (decision cache counters, revision).
         live_sequences: the binding's running sequences.
         orphans_recovered: sequences the binding released as orphans.
-        offload: the governor's offload tiers, if any.
+        offload: the snapshot of the governor's offload tiers, if any.
         admission_latency: the admission histograms by outcome, if any.
     """
     per_tenant: defaultdict[str, dict[str, int]] = defaultdict(lambda: {"owned": 0, "cached": 0})
@@ -258,7 +257,7 @@ def snapshot(
         decision_cache_hits=cache_stats.hits,
         decision_cache_misses=cache_stats.misses,
         policy_revision=policy.bundle_revision,
-        offload=None if offload is None else offload.snapshot(),
+        offload=offload,
         admission_latency={k: h.snapshot() for k, h in (admission_latency or {}).items()},
         policy_latency=policy.evaluation_latency(),
     )

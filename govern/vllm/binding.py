@@ -15,8 +15,8 @@ here at each point of a request's life::
       output built     zero_orders  the ids that left an owner, for this step's workers
     update_from_output step_returned  "done" for the zeroing that step carried (coalesced)
 
-Erasure (``purge_tenant``, ``invalidate``, ``sweep``, ``rotate_secret``) goes
-through :mod:`kvgov.govern.erasure`, whose pool calls reach vLLM's
+Erasure (``purge_tenant``, ``invalidate``, ``sweep``, ``rotate_secret``) is the
+governor's (:class:`~kvgov.govern.governor.Governor`); its pool calls reach vLLM's
 ``evict_blocks`` path (:class:`~kvgov.govern.vllm.pool.GovernedBlockPool`).
 
 Everything here runs on the engine core's thread: the scheduler's calls, and
@@ -49,7 +49,7 @@ from kvgov.exceptions import (
     TenantPurging,
 )
 
-from .. import erasure, sharing
+from .. import sharing
 from ..assemble import open_parts
 from ..governor import Governor
 from ..results import ErasureReport, InvalidationReport
@@ -57,7 +57,8 @@ from ..stats import CacheStats
 from . import fence
 from .pool import GovernedBlockPool, VllmPoolAdapter
 from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse
-from .requests import RequestGovernance, governed_block_hasher, has_extra_keys
+from .request_state import RequestGovernance
+from .requests import governed_block_hasher, has_extra_keys
 from .scope import EngineScope, ScopeResolver, revision_of
 from .scope_token import ScopeTokenVerifier
 from .settings import BindingSettings
@@ -99,7 +100,7 @@ class VllmGovernance:
         self._done_steps = 0
         self._done_since: float | None = None
         pool.kvgov_keyed = self._keyed
-        pool.kvgov_owner_table = governor.owners.table
+        pool.kvgov_owner_table = governor.ledger.owners.table
 
     @classmethod
     def open(
@@ -186,7 +187,15 @@ class VllmGovernance:
             extra_args = sp.extra_args if sp is not None else None
         except Exception as exc:
             _log.exception("kvgov: refusing a request that cannot be read")
-            return refuse(self.gov, "", None, describe_error(exc), None, path=ERROR_PATH)
+            return refuse(
+                self.gov.ledger,
+                self.gov.audit,
+                "",
+                None,
+                describe_error(exc),
+                None,
+                path=ERROR_PATH,
+            )
         try:
             return self._admit(request, seq_id, num_tokens, extra_args)
         except Exception as exc:
@@ -197,7 +206,13 @@ class VllmGovernance:
                 with contextlib.suppress(Exception):
                     request.block_hashes.clear()
             return refuse(
-                self.gov, seq_id, num_tokens, describe_error(exc), extra_args, path=ERROR_PATH
+                self.gov.ledger,
+                self.gov.audit,
+                seq_id,
+                num_tokens,
+                describe_error(exc),
+                extra_args,
+                path=ERROR_PATH,
             )
 
     def _admit(
@@ -208,7 +223,7 @@ class VllmGovernance:
             gov.check_open()
             scope = self.resolver.resolve(extra_args, request.lora_request)
         except (InvalidScope, ScopeTokenError, PoolClosed) as exc:
-            return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
+            return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
         try:
             gov.check_not_purging(scope.tenant)
             view = gov.admission_view(scope, seq_id, num_tokens)
@@ -218,7 +233,7 @@ class VllmGovernance:
         except PolicyDenied as exc:  # audited by the governor
             return f"kvgov: {exc}"
         except (InvalidScope, TenantPurging) as exc:
-            return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
+            return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
         except AuditUnavailable as exc:  # fail closed: nothing is admitted unaudited
             return f"kvgov: request refused, {exc}"
         state = RequestGovernance(
@@ -240,7 +255,7 @@ class VllmGovernance:
             except InvalidArgument as exc:  # an extra key kvgov cannot encode
                 request.block_hashes.clear()
                 state.cacheable = False
-                return refuse(gov, seq_id, num_tokens, str(exc), extra_args)
+                return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
         return None
 
     # ------------------------------------------------------------------ lookup and commit
@@ -257,8 +272,14 @@ class VllmGovernance:
         if state is None or not state.shared or not hit_blocks:
             return len(hit_blocks)
         self.drain()
+        gov = self.gov
         verdict = sharing.judge(
-            self.gov, state.view, [b.block_id for b in hit_blocks], state.seq_id
+            gov.ledger,
+            gov.policy,
+            gov.audit,
+            state.view,
+            [b.block_id for b in hit_blocks],
+            state.seq_id,
         )
         state.granted = verdict.granted
         return verdict.keep
@@ -277,7 +298,7 @@ class VllmGovernance:
             gov.drain()
         new_ids = [b.block_id for b in new_blocks] if new_blocks else []
         if new_ids:
-            gov.owners.assign(new_ids, state.view.scope)
+            gov.ledger.owners.assign(new_ids, state.view.scope)
         hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
         if not state.admitted:
             state.admitted = True
@@ -295,13 +316,21 @@ class VllmGovernance:
                 cached_tokens=len(hit_ids) * self.block_size,
             )
         if hit_ids:
-            sharing.audit_reuse(gov, state.view, hit_ids, state.seq_id, state.granted)
+            sharing.audit_reuse(
+                gov.ledger,
+                gov.audit,
+                self.block_size,
+                state.view,
+                hit_ids,
+                state.seq_id,
+                state.granted,
+            )
 
     def _keyed(self, request: Any, block_ids: list[int]) -> None:
         """vLLM cached the request's full blocks: give them the request's retention."""
         state: RequestGovernance | None = fence.governance_of(request)
         if state is not None and state.plan.ttl is not None:
-            self.gov.deadlines.keyed(block_ids, state.plan.ttl)
+            self.gov.ledger.deadlines.keyed(block_ids, state.plan.ttl)
 
     # ------------------------------------------------------------------ steps
 
@@ -313,8 +342,8 @@ class VllmGovernance:
     def sweep_due(self) -> None:
         """Evict what outlived its retention, if anything is due (a heap peek otherwise)."""
         gov = self.gov
-        if gov.deadlines.next_due() <= gov.clock():
-            erasure.sweep(gov)
+        if gov.ledger.deadlines.next_due() <= gov.clock():
+            gov.sweep()
 
     def zero_pending(self) -> bool:
         """Whether ids wait for a step to carry them to the workers."""
@@ -394,21 +423,21 @@ class VllmGovernance:
         follow when that step comes back.
         """
         self.flush_done()
-        return erasure.purge_tenant(self.gov, tenant, live)
+        return self.gov.purge_tenant(tenant, live)
 
     def invalidate(
         self, live: Iterable[RequestGovernance], filters: Mapping[str, str]
     ) -> InvalidationReport:
         """Drop every block of a scope matching all ``filters`` (``erasure.SCOPE_FILTERS``)."""
-        return erasure.invalidate(self.gov, dict(filters), live)
+        return self.gov.invalidate(dict(filters), live)
 
     def sweep(self) -> int:
         """Evict every cached block past its retention now; returns how many."""
-        return erasure.sweep(self.gov)
+        return self.gov.sweep()
 
     def rotate_secret(self, new_secret: bytes, live: Iterable[RequestGovernance]) -> int:
         """Switch the cache-key secret (see :meth:`GovernedKVCache.rotate_secret`)."""
-        return erasure.rotate_secret(self.gov, new_secret, live)
+        return self.gov.rotate_secret(new_secret, live)
 
     def stats(self, live_sequences: int) -> CacheStats:
         """The governor's counters and the pool's blocks by state."""

@@ -46,7 +46,7 @@ from vllm.v1.engine import EngineCoreOutput, FinishReason
 from kvgov.exceptions import UnsupportedEngine
 
 if TYPE_CHECKING:
-    from .requests import RequestGovernance
+    from .request_state import RequestGovernance
 
 __all__ = [
     "HAS_OUTPUT_ERROR",

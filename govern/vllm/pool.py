@@ -19,7 +19,7 @@ the methods where a block changes hands, which
   ``allocate_slots``), with the request they belong to.
 
 :class:`VllmPoolAdapter` is the same pool seen through the governor's
-:class:`~kvgov.govern.protocol.GovernedPool` protocol. States, as the governor
+:class:`~kvgov.govern.protocol.ObservedPool` protocol. States, as the governor
 sees them (``ref`` is vLLM's reference count, ``hash`` its prefix-cache hash)::
 
     OWNED   ref > 0                     (with or without a hash)
@@ -52,7 +52,7 @@ from kvgov.allocator import (
     PoolEvent,
     Revoked,
 )
-from kvgov.exceptions import InternalError, InvalidSpec, UnknownBlock, UnsupportedEngine
+from kvgov.exceptions import InvalidSpec, UnknownBlock, UnsupportedEngine
 
 from . import fence
 from .fence import block_hash
@@ -294,13 +294,12 @@ class GovernedBlockPool(BlockPool):
 
 
 class VllmPoolAdapter:
-    """The governed vLLM pool as the governor's :class:`~kvgov.govern.protocol.GovernedPool`.
+    """The governed vLLM pool as the governor's :class:`~kvgov.govern.protocol.ObservedPool`.
 
     vLLM's scheduler allocates, frees, looks up and keys blocks itself; the
     governor only observes (``take_events``), evicts and revokes (purge,
-    invalidation, retention) and reads states. The four calls a binding that
-    drives its pool makes (``allocate``, ``free``, ``lookup``, ``set_keys``) are
-    never made on this pool: they raise :class:`~kvgov.exceptions.InternalError`.
+    invalidation, retention) and reads states. The adapter has none of the calls
+    a binding that drives its pool makes (:class:`~kvgov.govern.protocol.DrivenPool`).
 
     Args:
         pool: the governed pool.
@@ -323,27 +322,6 @@ class VllmPoolAdapter:
     def bytes_per_block(self) -> int:
         """Bytes of KV one block holds across its layers, per worker."""
         return self._bytes_per_block
-
-    def _driven_by_vllm(self, call: str) -> InternalError:
-        return InternalError(f"{call} on vLLM's pool: vLLM's scheduler does that itself")
-
-    def allocate(self, n: int) -> list[int]:
-        """Never called: vLLM's scheduler allocates."""
-        raise self._driven_by_vllm("allocate")
-
-    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
-        """Never called: vLLM's scheduler frees."""
-        raise self._driven_by_vllm("free")
-
-    def lookup(self, keys: Iterable[bytes]) -> list[int]:
-        """Never called: vLLM's scheduler looks up."""
-        raise self._driven_by_vllm("lookup")
-
-    def set_keys(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
-    ) -> list[bool]:
-        """Never called: vLLM's scheduler caches full blocks under the request's hashes."""
-        raise self._driven_by_vllm("set_keys")
 
     def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
         """Evict the CACHED blocks among ``block_ids`` (retention expiry); others are left.

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvgov.audit import AuditEvent, EventType
+from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.canonical import JCS_INT_MAX
 from kvgov.exceptions import InvalidScope
 from kvgov.schema import TEXT_LIMITS
@@ -32,7 +32,7 @@ from ..scope import check_scope_field
 from .scope import SCOPE_KEYS
 
 if TYPE_CHECKING:
-    from ..governor import Governor
+    from ..ledger import Ledger
 
 __all__ = [
     "CLAIM_CHARS",
@@ -137,7 +137,8 @@ def refusal_event(
 
 
 def refuse(
-    gov: Governor,
+    ledger: Ledger,
+    audit: AuditLog,
     seq_id: str,
     num_tokens: object,
     reason: str,
@@ -155,9 +156,9 @@ def refuse(
     """
     decision_id = f"kvgov-vllm-{uuid.uuid4().hex}"
     shown = printable(reason, REASON_CHARS)
-    gov.unattributed.denials["scope" if path == SCOPE_PATH else "error"] += 1
+    ledger.unattributed.denials["scope" if path == SCOPE_PATH else "error"] += 1
     try:
-        gov.audit.record(
+        audit.record(
             refusal_event(seq_id, num_tokens, shown, extra_args, decision_id=decision_id, path=path)
         )
     except Exception as exc:  # AuditUnavailable, a closed trail: refused all the same

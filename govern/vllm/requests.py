@@ -21,71 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgov.policy import AdmissionDecision
-
-from ..keys import CacheKey, KeyDeriver, encode_extra_keys, pack_tokens
-from ..plan import KeyPlan
-from ..scope import CacheScope
-from ..views import ScopeView
+from ..keys import CacheKey, encode_extra_keys, pack_tokens
 from . import fence
 
-__all__ = ["RequestGovernance", "deferred_block_hasher", "governed_block_hasher"]
-
-
-class RequestGovernance:
-    """The governance of one vLLM request (kept on it: :func:`.fence.governance_of`).
-
-    Fields are set at admission (``add_request``); the binding changes
-    ``admitted`` and ``granted``, erasure clears ``cacheable``. It is what
-    :class:`~kvgov.govern.governor.RunningSequence` asks of a running sequence.
-    """
-
-    __slots__ = (
-        "adm",
-        "admitted",
-        "block_size",
-        "cacheable",
-        "deriver",
-        "granted",
-        "has_extra",
-        "num_tokens",
-        "plan",
-        "root",
-        "seq_id",
-        "shared",
-        "view",
-    )
-
-    def __init__(
-        self,
-        *,
-        seq_id: str,
-        num_tokens: int,
-        view: ScopeView,
-        adm: AdmissionDecision,
-        plan: KeyPlan,
-        deriver: KeyDeriver,
-        block_size: int,
-        has_extra: bool,
-    ) -> None:
-        self.seq_id = seq_id  # vLLM's request id
-        self.num_tokens = num_tokens  # prompt tokens at admission
-        self.view = view  # the scope it was admitted under
-        self.adm = adm  # the admission decision
-        self.plan = plan  # namespaces and retention only (no keys: the hasher derives them)
-        self.deriver = deriver  # the secret's deriver at admission (a rotation stops caching)
-        self.block_size = block_size  # tokens per hashed block
-        self.has_extra = has_extra  # LoRA, salt, multimodal or embeddings: extra keys per block
-        self.root = plan.root  # the publish namespace: the only one a request reads (one chain)
-        self.shared = plan.root != view.own_root  # publishes in a share group: hits are judged
-        self.cacheable = plan.cacheable  # admission said cache; purge/invalidate/rotate clear it
-        self.admitted = False  # its admission event is written (at its first allocation)
-        self.granted: dict[Any, Any] = {}  # the sharing decisions of its last judged lookup
-
-    @property
-    def scope(self) -> CacheScope:
-        """The scope it was admitted under."""
-        return self.view.scope
+__all__ = ["deferred_block_hasher", "governed_block_hasher", "has_extra_keys"]
 
 
 def has_extra_keys(request: Any) -> bool:

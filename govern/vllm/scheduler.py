@@ -54,7 +54,7 @@ from . import fence, plugin
 from .binding import VllmGovernance
 from .manager import GovernedKVCacheManager
 from .pool import GovernedBlockPool
-from .requests import RequestGovernance
+from .request_state import RequestGovernance
 
 __all__ = ["GovernedAsyncScheduler", "GovernedScheduler", "GovernedSchedulerMixin"]
 

@@ -153,7 +153,7 @@ def tier_stats(cache: GovernedKVCache, tier: str = "host") -> Any:
 def block_keys(cache: GovernedKVCache, scope: CacheScope, tokens: list[int]) -> list[bytes]:
     """The cache keys of a prompt's full blocks, keyed in the scope's own namespace."""
     gov = cache.governor
-    view = gov.views.view(scope)
+    view = gov.ledger.views.view(scope)
     bs = cache.spec.block_size
     return list(
         gov.deriver.derive_chain(

@@ -33,7 +33,7 @@ def _fail(*_: Any, **__: Any) -> Any:
 STEPS: dict[str, Callable[[GovernedKVCache, pytest.MonkeyPatch], None]] = {
     "allocate": lambda c, mp: mp.setattr(c.pool, "allocate", _fail),
     "key the new blocks": lambda c, mp: mp.setattr(c.pool, "set_keys", _fail),
-    "owner bookkeeping": lambda c, mp: mp.setattr(c.governor, "key_admitted", _fail),
+    "owner bookkeeping": lambda c, mp: mp.setattr(c, "_key_admitted", _fail),
     "record": lambda c, mp: mp.setattr(c.governor, "record_admission", _fail),
     "audit refuses": lambda c, mp: mp.setattr(
         c.governor,
@@ -81,7 +81,7 @@ def test_a_failure_of_the_lookup_itself_takes_no_reference(
     first = cache.admit("first", scope, PROMPT)
     cache.release("first")
     with monkeypatch.context() as mp:
-        mp.setattr(cache.governor, "_check_sharing", _fail)
+        mp.setattr(cache._hits, "_check_sharing", _fail)
         with pytest.raises(Injected):
             cache.admit("second", scope, PROMPT)
     assert [cache.pool.ref_count(b) for b in first.block_ids[:3]] == [0, 0, 0]

@@ -58,9 +58,9 @@ def test_a_rotation_during_key_derivation_rekeys_the_admission(make_cache: Facto
     assert rotated
     keys = [cache.pool.key(b) for b in adm.block_ids[:3]]
     expected = KeyDeriver(new_secret).derive_chain(
-        gov.views.namespaces(gov.views.view(make_scope()))[0],
+        gov.ledger.views.namespaces(gov.ledger.views.view(make_scope()))[0],
         b"".join(t.to_bytes(4, "little") for t in PROMPT),
-        gov.views.view(make_scope()).digest,
+        gov.ledger.views.view(make_scope()).digest,
         4,
         3,
     )

@@ -82,7 +82,7 @@ def test_purge_shreds_the_key_first_and_copies_left_behind_do_not_decrypt(
             tier.put(decode(data, tier=t, block_key=k), 0)
     store = cache.governor.offload.store  # type: ignore[union-attr]
     for k in keys:
-        got = store.restore(k, cache.governor.views.view(ACME).digest, "acme")
+        got = store.restore(k, cache.governor.ledger.views.view(ACME).digest, "acme")
         assert not got.hit
         assert [(r.tier, r.reason) for r in got.refusals] == [
             (t, MissReason.KEY_DESTROYED) for t in TIERS
@@ -131,11 +131,11 @@ def test_a_purging_tenants_evicted_blocks_are_not_offloaded(make_offload_cache: 
     """While a tenant is erased its blocks evicted for capacity are only zeroized."""
     cache = make_offload_cache()
     _write(cache, "a")
-    cache.governor.purging.add("acme")
+    cache.governor.ledger.purging.add("acme")
     try:
         push_out(cache)
     finally:
-        cache.governor.purging.discard("acme")
+        cache.governor.ledger.purging.discard("acme")
     snap = cache.stats().offload
     assert snap is not None and snap.not_offloaded == {"purging": 3}
     assert tier_stats(cache).puts == 0

@@ -305,7 +305,8 @@ def test_attach_refuses_a_pool_that_cannot_show_evicted_bytes(make_cache: Factor
 
     offload = Offloading(OffloadStore([host_tier()], MemoryKeyStore(), KEK))
     with pytest.raises(InvalidArgument, match="set_eviction_observer"):
-        offload.attach(cache.governor, Bare())
+        gov = cache.governor
+        offload.attach(gov.ledger, gov.policy, gov.audit, Bare(), 4)
     assert cache.governor.offload is None
 
 
@@ -315,7 +316,8 @@ def test_offloading_is_attached_once(make_offload_cache: Factory) -> None:
     offload = cache.governor.offload
     assert offload is not None
     with pytest.raises(InvalidArgument, match="attached"):
-        offload.attach(cache.governor, cache.pool)
+        gov = cache.governor
+        offload.attach(gov.ledger, gov.policy, gov.audit, cache.pool, cache.spec.block_size)
 
 
 def test_offload_counters_are_per_tenant_and_in_the_total(make_offload_cache: Factory) -> None:

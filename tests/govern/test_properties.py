@@ -120,14 +120,14 @@ class CacheMachine(RuleBasedStateMachine):
     def purge(self, tenant: str) -> None:
         report = self.cache.purge_tenant(tenant)
         # verified rests on ownership: none of the tenant's blocks, keyed or not, is held
-        held = self.cache.governor.owners.of_tenant(tenant)
+        held = self.cache.governor.ledger.owners.of_tenant(tenant)
         assert report.held_blocks == len(held)
         assert report.verified == (not held)
 
     @rule(revision=st.sampled_from(["r1", "r2"]))
     def invalidate(self, revision: str) -> None:
         report = self.cache.invalidate(model_revision=revision)
-        held = self.cache.governor.owners.select(lambda s: s.model_revision == revision)
+        held = self.cache.governor.ledger.owners.select(lambda s: s.model_revision == revision)
         assert report.held_blocks == len(held)
         assert report.verified == (not held)
 
@@ -170,7 +170,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_block_crosses_scopes_without_a_grant(self) -> None:
-        owners = self.cache.governor.owners.table
+        owners = self.cache.governor.ledger.owners.table
         for seq in self.cache._seqs.values():
             mine = seq.scope
             for b in seq.block_ids:

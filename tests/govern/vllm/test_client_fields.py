@@ -242,7 +242,9 @@ def test_a_lone_surrogate_tenant_is_refused_and_audited(
     xargs = {**XARGS, "kvgov_tenant": "acme\ud800\u202e"}
     with pytest.raises((InvalidScope, ScopeTokenError)) as info:
         _resolver(FakeClock(), require=True).resolve(xargs, None)
-    message = refuse(cache.governor, "req-1", 12, str(info.value), xargs)
+    message = refuse(
+        cache.governor.ledger, cache.governor.audit, "req-1", 12, str(info.value), xargs
+    )
     assert message.startswith("kvgov: ") and message.isprintable()
     cache.audit.flush()
     with AuditQueries(audit_url) as q:
@@ -271,7 +273,7 @@ def test_any_refusal_is_audited(
     assert event.sequence_id is not None and event.sequence_id.isprintable()
     assert all(v.isprintable() for v in event.details["claimed"].values())
     before = cache.audit.stats().recorded
-    message = refuse(cache.governor, seq_id, num_tokens, reason, xargs)
+    message = refuse(cache.governor.ledger, cache.governor.audit, seq_id, num_tokens, reason, xargs)
     assert message.startswith("kvgov: ") and "could not be audited" not in message
     assert message.isprintable()
     assert cache.audit.stats().recorded == before + 1

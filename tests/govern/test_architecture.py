@@ -1,0 +1,78 @@
+"""The governor's structure (issue 26): one ledger, two pool protocols, no helper given it whole.
+
+Checked on the source, as ``tests/test_layers.py`` checks the layers: every import
+counts, those under ``TYPE_CHECKING`` and inside functions included.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+
+from kvgov.govern import GovernedKVCache, Ledger
+from kvgov.govern.protocol import DrivenPool, ObservedPool
+
+from .conftest import make_scope
+
+GOVERN = Path(__file__).parents[2] / "govern"
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(GOVERN).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(["kvgov", "govern", *parts])
+
+
+def test_no_helper_takes_the_whole_governor() -> None:
+    """Only the governor's module names ``Governor`` in a parameter: helpers take the ledger."""
+    takers = []
+    for path in GOVERN.rglob("*.py"):
+        if path.name == "governor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                # a binding is built on a governor (VllmGovernance.__init__); helpers are not
+                binding = node.name == "__init__" and "vllm" in path.parts
+                takers.extend(
+                    f"{_module(path)}.{node.name}({arg.arg})"
+                    for arg in args
+                    if not binding
+                    and arg.annotation is not None
+                    and "Governor" in ast.unparse(arg.annotation)
+                )
+    assert takers == []
+
+
+def _members(protocol: type) -> set[str]:
+    return {n for n in vars(protocol) if not n.startswith("_")}
+
+
+def test_the_vllm_adapter_is_an_observed_pool_and_nothing_more() -> None:
+    """vLLM's pool adapter has every ObservedPool call and none of a DrivenPool's."""
+    tree = ast.parse((GOVERN / "vllm" / "pool.py").read_text(encoding="utf-8"))
+    adapter = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VllmPoolAdapter"
+    )
+    methods = {
+        n.name
+        for n in adapter.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and not n.name.startswith("_")
+    }
+    assert methods == _members(ObservedPool)
+    assert _members(DrivenPool) == {"allocate", "free", "lookup", "set_keys"}
+
+
+def test_the_ledger_holds_the_governors_state(
+    make_cache: Callable[..., GovernedKVCache],
+) -> None:
+    """An admission shows in the governor's one ledger: owner, counters; a release, its deadline."""
+    cache = make_cache(num_blocks=8)
+    ledger = cache.governor.ledger
+    assert isinstance(ledger, Ledger)
+    adm = cache.admit("s", make_scope(), list(range(10)))
+    assert ledger.owners.of_tenant("acme") == sorted(adm.block_ids)
+    assert ledger.counters["acme"].requests == 1
+    cache.release("s")
+    assert ledger.deadlines.next_due() < float("inf")
