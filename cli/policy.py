@@ -37,9 +37,9 @@ from kvgov.exceptions import InternalError, PolicyError, PolicyLoadError
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
-from kvgov.policy.reference import CoverageReport
 from kvgov.policy.review import ReviewReport
-from kvgov.policy.testing import RegoTestReport, junit_xml, run_tests
+from kvgov.policy.runner import run_tests
+from kvgov.policy.testing import CoverageReport, RegoTestReport, junit_xml
 
 __all__ = ["policy_group"]
 

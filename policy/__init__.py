@@ -10,7 +10,7 @@ over :func:`generate_inputs`, and :func:`replay` of recorded decisions. See
 docs/policy.md.
 """
 
-from kvgov.policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge, load_bundle
+from kvgov.policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge
 from kvgov.policy.cache import CachedEngine, CacheStats
 from kvgov.policy.client import (
     AdmissionDecision,
@@ -24,10 +24,17 @@ from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import Decision, PolicyEngine, normalize_path
 from kvgov.policy.opa_server import OpaServerEngine
-from kvgov.policy.reference import CoverageReport, FileCoverage, ReferenceEngine
+from kvgov.policy.reference import ReferenceEngine
 from kvgov.policy.replay import read_decision_log, replay
 from kvgov.policy.review import Change, Outcome, ReviewReport
-from kvgov.policy.testing import RegoTestReport, RegoTestResult, run_tests
+from kvgov.policy.runner import run_tests
+from kvgov.policy.testing import (
+    CoverageReport,
+    FileCoverage,
+    RegoTestReport,
+    RegoTestResult,
+    load_bundle,
+)
 
 __all__ = [
     "BUNDLE_DIR",

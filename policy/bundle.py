@@ -4,9 +4,10 @@ A bundle is a directory (default :data:`BUNDLE_DIR`, the package's ``rego/``) of
 ``*.rego`` modules, ``*_test.rego`` test modules and one ``data.json`` at its top.
 Loading reads them all, deep-merges the caller's ``policy_data`` over data.json,
 parses and compiles every module with regorus (a syntax or compile error raises
-:class:`~kvgov.exceptions.PolicyLoadError` naming file, line and column), and, by
-default, runs the bundle's own ``test_`` rules (a failure raises
-:class:`~kvgov.exceptions.PolicyTestFailure`).
+:class:`~kvgov.exceptions.PolicyLoadError` naming file, line and column):
+:func:`read_bundle`. Running the bundle's own ``test_`` rules builds on this module:
+:func:`kvgov.policy.testing.load_bundle` reads a bundle and refuses it if a test
+fails (:class:`~kvgov.exceptions.PolicyTestFailure`).
 
 The bundle revision (byte layout of what is hashed)::
 
@@ -37,7 +38,7 @@ import regorus
 
 from kvgov.canonical import CanonicalizationError
 from kvgov.canonical import canonical_json as jcs
-from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
+from kvgov.exceptions import PolicyLoadError
 
 __all__ = [
     "BUNDLE_DIR",
@@ -45,7 +46,7 @@ __all__ = [
     "PolicyFile",
     "canonical_json",
     "deep_merge",
-    "load_bundle",
+    "read_bundle",
     "regorus_error",
 ]
 
@@ -246,13 +247,14 @@ def _compile_check(bundle: Bundle) -> None:
             raise regorus_error(exc) from None
 
 
-def load_bundle(
+def read_bundle(
     policy_dir: str | Path | None = None,
     policy_data: Mapping[str, Any] | None = None,
-    *,
-    run_tests: bool = True,
 ) -> Bundle:
-    """Load, compile and (by default) test a bundle.
+    """Load and compile a bundle, without running its tests.
+
+    :func:`kvgov.policy.testing.load_bundle` also runs the bundle's tests and refuses
+    it if one fails: use that one to activate a bundle.
 
     Args:
         policy_dir: the bundle directory; None for :data:`BUNDLE_DIR`. Every
@@ -260,8 +262,6 @@ def load_bundle(
             comes from its top-level ``data.json`` (absent: empty data).
         policy_data: JSON-shaped data deep-merged over data.json (see
             :func:`deep_merge`).
-        run_tests: run the bundle's ``test_`` rules (against data.json alone, as
-            ``opa test`` does) and refuse the bundle if any fails.
 
     Returns:
         The bundle.
@@ -270,7 +270,6 @@ def load_bundle(
         PolicyLoadError: a file is unreadable, a module does not parse or compile
             (file, line, column set), data.json is not a JSON object, or
             policy_data is not a JSON-shaped mapping.
-        PolicyTestFailure: a ``test_`` rule failed (names in ``failures``).
     """
     directory = Path(policy_dir) if policy_dir is not None else BUNDLE_DIR
     if not directory.is_dir():
@@ -306,11 +305,4 @@ def load_bundle(
         revision=_revision(tuple(policies + tests), merged, data_json),
     )
     _compile_check(bundle)
-    if run_tests:
-        # Imported here: testing builds on this module (it loads bundles to test them).
-        from kvgov.policy.testing import run_bundle_tests
-
-        report = run_bundle_tests(bundle)
-        if not report.passed:
-            raise PolicyTestFailure(report.failures)
     return bundle

@@ -41,8 +41,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvgov.policy.bundle import Bundle, canonical_json, load_bundle
+from kvgov.policy.bundle import Bundle, canonical_json
 from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
+from kvgov.policy.testing import load_bundle
 
 __all__ = ["EmbeddedEngine"]
 

@@ -36,15 +36,21 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from kvgov.exceptions import PolicyError, PolicyLoadError, PolicyTestFailure
-from kvgov.policy.bundle import Bundle, load_bundle
+from kvgov.policy.bundle import Bundle, read_bundle
 from kvgov.policy.engine import Decision, failed_decision, json_shape, make_decision, normalize_path
-from kvgov.policy.testing import RegoTestReport, RegoTestResult, discover_tests, failure_detail
+from kvgov.policy.testing import (
+    CoverageReport,
+    FileCoverage,
+    RegoTestReport,
+    RegoTestResult,
+    discover_tests,
+    failure_detail,
+)
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -136,45 +142,6 @@ def new_opa_engine(bundle: Bundle, *, with_tests: bool = False) -> Any:
         opa.close()
         raise
     return opa
-
-
-@dataclass(frozen=True, slots=True)
-class FileCoverage:
-    """Which lines of one module OPA evaluated.
-
-    Attributes:
-        name: the module, relative to the bundle directory.
-        covered: 1-based lines evaluated at least once.
-        not_covered: lines holding rules or expressions never evaluated.
-    """
-
-    name: str
-    covered: frozenset[int]
-    not_covered: frozenset[int]
-
-    @property
-    def percent(self) -> float:
-        """Covered lines as a percentage of the lines OPA reports (100 when none)."""
-        total = len(self.covered) + len(self.not_covered)
-        return 100.0 * len(self.covered) / total if total else 100.0
-
-
-@dataclass(frozen=True, slots=True)
-class CoverageReport:
-    """Line coverage of a bundle's policy modules (not its tests) by its tests, from OPA.
-
-    Attributes:
-        files: one per policy module, by name.
-    """
-
-    files: tuple[FileCoverage, ...]
-
-    @property
-    def percent(self) -> float:
-        """Covered lines over all policy modules, as a percentage."""
-        covered = sum(len(f.covered) for f in self.files)
-        total = covered + sum(len(f.not_covered) for f in self.files)
-        return 100.0 * covered / total if total else 100.0
 
 
 def _rows(ranges: Any) -> set[int]:
@@ -329,7 +296,7 @@ class ReferenceEngine:
     def _load(
         self, policy_dir: str | Path | None, policy_data: Mapping[str, Any] | None
     ) -> tuple[Bundle, Any]:
-        bundle = load_bundle(policy_dir, policy_data, run_tests=False)
+        bundle = read_bundle(policy_dir, policy_data)
         if self._run_tests:
             report = run_reference_tests(bundle)
             if not report.passed:

@@ -1,10 +1,14 @@
 """Running a bundle's Rego unit tests (``test_`` rules) on either engine.
 
-:func:`run_bundle_tests` runs them on the embedded engine (regorus);
-:func:`kvgov.policy.reference.run_reference_tests` on OPA itself, with line
-coverage when asked; :func:`run_tests` loads a bundle and runs them on the one
-named. Tests follow OPA's conventions (the reference engine is the library ``opa
-test`` runs): a test is a rule whose name starts with ``test_``, in any package
+:func:`run_bundle_tests` runs them on the embedded engine (regorus), and
+:func:`load_bundle` loads a bundle and refuses it if one fails;
+:func:`kvgov.policy.reference.run_reference_tests` runs them on OPA itself, with line
+coverage when asked (:class:`CoverageReport`); :func:`kvgov.policy.runner.run_tests`
+loads a bundle and runs them on the engine named. The results, reports and their
+coverage are defined here, so both engines' runners report the same way.
+
+Tests follow OPA's conventions (the reference engine is the library ``opa test``
+runs): a test is a rule whose name starts with ``test_``, in any package
 of a ``*_test.rego`` file. They are found in the module's syntax tree as the
 embedded engine parses it (:func:`discover_tests`), not by matching text, so any
 valid way of writing a rule counts (``test_x if {...}``, ``test_x := true if
@@ -22,28 +26,26 @@ import json
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import regorus
 
-from kvgov.exceptions import InternalError, PolicyError
-from kvgov.policy.bundle import Bundle, PolicyFile, load_bundle, regorus_error
-
-if TYPE_CHECKING:
-    from kvgov.policy.reference import CoverageReport
+from kvgov.exceptions import InternalError, PolicyTestFailure
+from kvgov.policy.bundle import Bundle, PolicyFile, read_bundle, regorus_error
 
 __all__ = [
-    "ENGINES",
+    "CoverageReport",
+    "FileCoverage",
     "RegoTestReport",
     "RegoTestResult",
     "discover_tests",
     "failure_detail",
     "junit_xml",
+    "load_bundle",
     "run_bundle_tests",
-    "run_tests",
 ]
 
 
@@ -55,11 +57,47 @@ def failure_detail(value: Any) -> str:
     return "undefined" if value is None else "false" if value is False else ""
 
 
-#: The engines a bundle's tests run on: regorus in-process, and OPA itself.
-ENGINES = ("embedded", "reference")
-
 #: Rule heads in regorus's syntax tree that define a value (``Func`` is a function).
 _VALUE_HEADS = ("Compr", "Set")
+
+
+@dataclass(frozen=True, slots=True)
+class FileCoverage:
+    """Which lines of one module OPA evaluated.
+
+    Attributes:
+        name: the module, relative to the bundle directory.
+        covered: 1-based lines evaluated at least once.
+        not_covered: lines holding rules or expressions never evaluated.
+    """
+
+    name: str
+    covered: frozenset[int]
+    not_covered: frozenset[int]
+
+    @property
+    def percent(self) -> float:
+        """Covered lines as a percentage of the lines OPA reports (100 when none)."""
+        total = len(self.covered) + len(self.not_covered)
+        return 100.0 * len(self.covered) / total if total else 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageReport:
+    """Line coverage of a bundle's policy modules (not its tests) by its tests, from OPA.
+
+    Attributes:
+        files: one per policy module, by name.
+    """
+
+    files: tuple[FileCoverage, ...]
+
+    @property
+    def percent(self) -> float:
+        """Covered lines over all policy modules, as a percentage."""
+        covered = sum(len(f.covered) for f in self.files)
+        total = covered + sum(len(f.not_covered) for f in self.files)
+        return 100.0 * covered / total if total else 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,32 +355,32 @@ def run_bundle_tests(
     return RegoTestReport(results=tuple(results))
 
 
-def run_tests(
-    policy_dir: str | Path | None = None, *, engine: str = "embedded", coverage: bool = False
-) -> RegoTestReport:
-    """Load a bundle (without activating it) and run its tests on one engine.
+def load_bundle(
+    policy_dir: str | Path | None = None,
+    policy_data: Mapping[str, Any] | None = None,
+    *,
+    run_tests: bool = True,
+) -> Bundle:
+    """Load, compile and (by default) test a bundle (:func:`kvgov.policy.bundle.read_bundle`).
 
     Args:
-        policy_dir: the bundle directory; None for the bundled policy.
-        engine: ``"embedded"`` (regorus) or ``"reference"`` (OPA).
-        coverage: collect line coverage (reference engine only).
+        policy_dir: the bundle directory; None for :data:`kvgov.policy.bundle.BUNDLE_DIR`.
+        policy_data: JSON-shaped data deep-merged over data.json.
+        run_tests: run the bundle's ``test_`` rules on the embedded engine (against
+            data.json alone, as ``opa test`` does) and refuse the bundle if any fails.
 
     Returns:
-        The report.
+        The bundle.
 
     Raises:
-        PolicyLoadError: the bundle does not load (syntax, compile or data error).
-        PolicyError: an unknown engine, coverage asked of the embedded engine, or
-            the reference engine's bindings are not installed.
+        PolicyLoadError: a file is unreadable, a module does not parse or compile
+            (file, line, column set), data.json is not a JSON object, or
+            policy_data is not a JSON-shaped mapping.
+        PolicyTestFailure: a ``test_`` rule failed (names in ``failures``).
     """
-    if engine not in ENGINES:
-        raise PolicyError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
-    bundle = load_bundle(policy_dir, run_tests=False)
-    if engine == "embedded":
-        if coverage:
-            raise PolicyError("coverage comes from the reference engine: use engine='reference'")
-        return run_bundle_tests(bundle)
-    # Imported here: the reference engine builds on this module.
-    from kvgov.policy.reference import run_reference_tests
-
-    return run_reference_tests(bundle, coverage=coverage)
+    bundle = read_bundle(policy_dir, policy_data)
+    if run_tests:
+        report = run_bundle_tests(bundle)
+        if not report.passed:
+            raise PolicyTestFailure(report.failures)
+    return bundle

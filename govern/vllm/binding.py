@@ -56,7 +56,7 @@ from ..results import ErasureReport, InvalidationReport
 from ..stats import CacheStats
 from . import fence
 from .pool import GovernedBlockPool, VllmPoolAdapter
-from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse
+from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from .request_state import RequestGovernance
 from .requests import governed_block_hasher, has_extra_keys
 from .scope import EngineScope, ScopeResolver, revision_of
@@ -170,6 +170,11 @@ class VllmGovernance:
     def admit(self, request: Any) -> str | None:
         """Decide a new request; on admission, key it in its namespace.
 
+        A request whose id the audit trail cannot hold as a ``sequence_id`` (too
+        long, a NUL, a lone surrogate: a client's ``X-Request-Id``) is refused here,
+        audited with the id escaped, so nothing written later (the admission event,
+        inside vLLM's ``schedule()``) can fail on it.
+
         Never raises: a request whose admission fails unexpectedly (anything its
         client sent that slipped past validation, a policy-engine error) is refused
         and audited (``details.path`` ``kvgov.vllm/error``), and the engine's log has
@@ -196,6 +201,9 @@ class VllmGovernance:
                 None,
                 path=ERROR_PATH,
             )
+        problem = request_id_problem(seq_id)
+        if problem is not None:
+            return refuse(self.gov.ledger, self.gov.audit, seq_id, num_tokens, problem, extra_args)
         try:
             return self._admit(request, seq_id, num_tokens, extra_args)
         except Exception as exc:

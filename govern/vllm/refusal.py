@@ -13,6 +13,11 @@ client's message hold is made printable and bounded here first:
   ``<type>``;
 - ``sequence_id``: vLLM's request id, escaped and cut to the column's width.
 
+The request id is the client's too (vLLM's OpenAI server builds it from the
+``X-Request-Id`` header): an id the audit trail cannot hold as a ``sequence_id``
+(:func:`request_id_problem`) is refused at admission, so the events written
+later, inside vLLM's ``schedule()`` (admission, reuse, erasure), always construct.
+
 This module needs no vLLM.
 """
 
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING
 from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.canonical import JCS_INT_MAX
 from kvgov.exceptions import InvalidScope
-from kvgov.schema import TEXT_LIMITS
+from kvgov.schema import TEXT_LIMITS, text_problem
 
 from ..scope import check_scope_field
 from .scope import SCOPE_KEYS
@@ -43,11 +48,13 @@ __all__ = [
     "printable",
     "refusal_event",
     "refuse",
+    "request_id_problem",
 ]
 
 _log = logging.getLogger("kvgov.vllm")
 
-#: The ``details.path`` of refusals the binding decides itself (no or bad scope, bad token).
+#: The ``details.path`` of refusals the binding decides itself (a bad request id, no or bad
+#: scope, bad token).
 SCOPE_PATH = "kvgov.vllm/scope"
 #: The ``details.path`` of a request refused because admitting it failed unexpectedly.
 ERROR_PATH = "kvgov.vllm/error"
@@ -56,6 +63,19 @@ REASON_CHARS = 1024
 #: Longest excerpt of an invalid claimed scope field, in characters.
 CLAIM_CHARS = 64
 _SEQUENCE_CHARS = TEXT_LIMITS["sequence_id"]
+
+
+def request_id_problem(seq_id: str) -> str | None:
+    """Why vLLM's request id cannot be an audit event's ``sequence_id``, or None if it can.
+
+    The rule is the audit store's (:func:`kvgov.schema.text_problem`): at most
+    ``TEXT_LIMITS["sequence_id"]`` characters, no NUL, no lone surrogate.
+
+    Returns:
+        None, or the reason of the refusal (it never quotes the id).
+    """
+    problem = text_problem(seq_id, _SEQUENCE_CHARS)
+    return None if problem is None else f"the request id {problem}"
 
 
 def printable(text: str, limit: int) -> str:

@@ -9,7 +9,9 @@ and every setting it does not find there from the environment variable
 Secrets never go in ``additional_config``: vLLM logs its non-default arguments at
 start. The cache-key secret comes from ``KVGOV_KEY_SECRET`` or the file named
 by ``key_secret_file``; the scope-token key from ``KVGOV_SCOPE_TOKEN_KEY`` or
-``scope_token_key_file``. This module needs no vLLM.
+``scope_token_key_file``; a secret file is read only if its owner alone may
+access it (mode 0600 or 0400: :func:`kvgov.secrecy.read_key_file`, the rule of
+every key file kvgov reads). This module needs no vLLM.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from kvgov import defaults
 from kvgov.exceptions import BindingConfigError
-from kvgov.secrecy import unshown
+from kvgov.secrecy import KeyFileOpenToOthers, read_key_file, unshown
 
 __all__ = ["SETTINGS", "BindingSettings"]
 
@@ -46,7 +48,8 @@ class BindingSettings:
         policy_dir: a Rego bundle directory; None for the bundled policy.
         policy_data: a dict deep-merged over the bundle's ``data.json`` (share groups,
             retention, per-tenant settings); from the environment as JSON text.
-        key_secret_file: a file holding the cache-key secret (else ``KVGOV_KEY_SECRET``).
+        key_secret_file: a file holding the cache-key secret (else ``KVGOV_KEY_SECRET``),
+            its owner's alone (no bit of ``077`` in its mode).
         ephemeral_secret: with no secret anywhere, draw a random one for the life of
             the process (development only: a restart makes every cached block unreachable).
         default_tenant: the tenant of a request that names none; None refuses such
@@ -59,7 +62,7 @@ class BindingSettings:
             front end (``kvgov_scope_token``), including one whose fields all come from
             the defaults (the token then signs the default values); needs a scope-token key.
         scope_token_key_file: a file holding the scope-token key (else
-            ``KVGOV_SCOPE_TOKEN_KEY``).
+            ``KVGOV_SCOPE_TOKEN_KEY``), its owner's alone.
         scope_token_max_ttl: the longest a scope token may still be valid for when it
             arrives, seconds.
         model_revision: the model revision to key under, overriding the engine's
@@ -121,7 +124,7 @@ class BindingSettings:
         """The cache-key secret from ``key_secret_file``, or None (then the environment).
 
         Raises:
-            BindingConfigError: the file cannot be read.
+            BindingConfigError: the file cannot be read, or its group or others may access it.
         """
         return _read_secret("key_secret_file", self.key_secret_file)
 
@@ -129,7 +132,7 @@ class BindingSettings:
         """The scope-token key: ``scope_token_key_file``, else ``KVGOV_SCOPE_TOKEN_KEY``, else None.
 
         Raises:
-            BindingConfigError: the file cannot be read.
+            BindingConfigError: the file cannot be read, or its group or others may access it.
         """
         from_file = _read_secret("scope_token_key_file", self.scope_token_key_file)
         if from_file is not None:
@@ -185,13 +188,17 @@ def _check(setting: str, value: Any, *, from_env: bool, field: str | None = None
 
 
 def _read_secret(setting: str, path: str | None) -> bytes | None:
+    """The secret in the file ``path`` names (one trailing newline dropped), or None."""
     if path is None:
         return None
+    why = ""
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
+        raw = read_key_file(Path(path))
+    except KeyFileOpenToOthers as exc:  # a file that exists: its path is a path, shown
+        raise BindingConfigError(setting, str(exc.path), str(exc)) from None
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    if why:  # raised here, not in the handler: the OSError (naming the text) is not chained
         # Not shown: a secret given where its file's path belongs would be printed.
-        raise BindingConfigError(
-            setting, f"<{unshown(path)}>", f"cannot read it as a file ({exc.strerror})"
-        ) from None
+        raise BindingConfigError(setting, f"<{unshown(path)}>", f"cannot read it as a file ({why})")
     return raw.rstrip(b"\r\n")

@@ -9,7 +9,8 @@ from types import MappingProxyType
 import pytest
 
 from kvgov.exceptions import PolicyLoadError, PolicyTestFailure
-from kvgov.policy.bundle import BUNDLE_DIR, deep_merge, load_bundle
+from kvgov.policy.bundle import BUNDLE_DIR, deep_merge
+from kvgov.policy.testing import load_bundle
 
 
 def test_bundled_policy_loads_with_its_tests() -> None:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.cli.policy import policy_group
-from kvgov.policy.testing import run_tests
+from kvgov.policy.runner import run_tests
 from tests.support.policy import needs_reference
 
 ADMISSION = "kvgov/admission/decision"

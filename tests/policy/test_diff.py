@@ -10,10 +10,11 @@ from typing import Any
 from click.testing import CliRunner
 
 from kvgov.cli.policy import policy_group
-from kvgov.policy.bundle import BUNDLE_DIR, load_bundle
+from kvgov.policy.bundle import BUNDLE_DIR
 from kvgov.policy.client import PolicyClient
 from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
+from kvgov.policy.testing import load_bundle
 from tests.support.policy import needs_reference
 
 OLD: dict[str, Any] = {

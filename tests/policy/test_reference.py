@@ -13,7 +13,7 @@ from kvgov.policy.client import PolicyClient
 from kvgov.policy.embedded import EmbeddedEngine
 from kvgov.policy.engine import PolicyEngine
 from kvgov.policy.reference import ReferenceEngine, reference_available, run_reference_tests
-from kvgov.policy.testing import run_tests
+from kvgov.policy.runner import run_tests
 from tests.support.policy import needs_reference
 
 pytestmark = needs_reference
@@ -159,7 +159,7 @@ def test_coverage_of_the_shipped_bundle_holds_its_floor() -> None:
 def test_coverage_drops_when_tests_are_removed(bundle_copy: Path) -> None:
     """Coverage is measured, not assumed: without the sharing tests sharing.rego is uncovered."""
     (bundle_copy / "sharing_test.rego").unlink()
-    from kvgov.policy.bundle import load_bundle
+    from kvgov.policy.testing import load_bundle
 
     report = run_reference_tests(load_bundle(bundle_copy, run_tests=False), coverage=True)
     assert report.coverage is not None
@@ -177,7 +177,7 @@ def test_a_test_that_errors_fails_alone(tmp_path: Path) -> None:
         "test_conflict := 2 if data.p.x == 1\n\n"
         "test_undefined if data.p.x == 2\n"
     )
-    from kvgov.policy.bundle import load_bundle
+    from kvgov.policy.testing import load_bundle
 
     report = run_reference_tests(load_bundle(tmp_path, run_tests=False))
     outcome = {r.name: r.detail for r in report.results}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvgov.exceptions import PolicyLoadError
-from kvgov.policy.testing import run_tests
+from kvgov.policy.runner import run_tests
 from tests.support.policy import needs_reference
 
 

@@ -15,12 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvgov.audit import AuditQueries, verify
-from kvgov.exceptions import InvalidScope, ScopeTokenError
+from kvgov.audit import AuditEvent, AuditQueries, EventType, verify
+from kvgov.exceptions import InvalidAuditEvent, InvalidScope, ScopeTokenError
 from kvgov.govern import CacheScope, GovernedKVCache
 from kvgov.govern.scope import check_scope_field
 from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
-from kvgov.govern.vllm.refusal import ERROR_PATH, SCOPE_PATH, printable, refusal_event, refuse
+from kvgov.govern.vllm.refusal import (
+    ERROR_PATH,
+    SCOPE_PATH,
+    printable,
+    refusal_event,
+    refuse,
+    request_id_problem,
+)
 from kvgov.govern.vllm.scope_token import ScopeTokenVerifier
 
 from ..conftest import FakeClock
@@ -277,6 +284,24 @@ def test_any_refusal_is_audited(
     assert message.startswith("kvgov: ") and "could not be audited" not in message
     assert message.isprintable()
     assert cache.audit.stats().recorded == before + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq_id=TEXT | st.sampled_from(["r" * 256, "r" * 257, "id\x00", "id\udfff", "id\n\u202e"]))
+def test_a_request_id_is_refused_exactly_when_it_cannot_be_a_sequence_id(seq_id: str) -> None:
+    """Issue #25 leftover: vLLM's request id (a client's X-Request-Id) becomes the
+    sequence_id of the admission event written inside vLLM's schedule(); admit refuses
+    exactly the ids that event would raise on, and their refusal event constructs."""
+    problem = request_id_problem(seq_id)
+    try:
+        AuditEvent(type=EventType.ADMISSION, tenant="acme", sequence_id=seq_id)
+    except InvalidAuditEvent as exc:
+        assert exc.field == "sequence_id"
+        assert problem is not None and problem.startswith("the request id ")
+        event = refusal_event(seq_id, 1, problem, None, decision_id="d")
+        assert event.sequence_id == printable(seq_id, 256)
+    else:
+        assert problem is None
 
 
 def test_printable_escapes_and_bounds() -> None:

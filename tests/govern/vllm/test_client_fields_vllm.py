@@ -164,3 +164,33 @@ def test_any_request_fields_are_admitted_or_refused_and_audited(
         assert refusal.startswith("kvgov: ") and refusal.isprintable()
         assert "could not be audited" not in refusal
         assert audit.stats().recorded == before + 1
+
+
+@pytest.mark.parametrize(
+    ("req_id", "why", "shown"),
+    [
+        ("r" * 257, "257 characters long", "r" * 256),
+        ("id\x00", "NUL", "id\\x00"),
+        ("id\ud800", "lone surrogate", "id\\ud800"),
+    ],
+    ids=["too-long", "nul", "lone-surrogate"],
+)
+def test_a_request_id_the_audit_trail_cannot_hold_is_refused(
+    vllm: Any, req_id: str, why: str, shown: str
+) -> None:
+    """Issue #25 leftover: the request id (a client's X-Request-Id over the OpenAI server)
+    is the admission event's sequence_id, written inside schedule(); an id that event
+    cannot hold raised InvalidAuditEvent there, crashing the engine. Now admit refuses it,
+    audited with the id escaped, and the engine serves the next request."""
+    sched = vllm.scheduler()
+    req = vllm.request(req_id, PROMPT)
+    run = vllm.run(sched, req)
+    out = run.finals[req_id]
+    assert out.finish_reason.name == "ERROR" and why in out.stop_reason
+    assert out.stop_reason.isprintable()
+    (event,) = vllm.events(sched, type="policy_denied")
+    assert event.sequence_id == shown and event.decision_id in out.stop_reason
+    assert event.details["path"] == "kvgov.vllm/scope"
+    ok = vllm.request("ok", PROMPT)
+    assert vllm.run(sched, ok).finals["ok"].finish_reason.name != "ERROR"
+    assert [e.sequence_id for e in vllm.events(sched, type="admission")] == ["ok"]

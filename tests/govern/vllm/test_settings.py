@@ -75,12 +75,41 @@ def test_secrets_come_from_files_or_the_environment(tmp_path: Path) -> None:
     secret, token_key = tmp_path / "secret", tmp_path / "token"
     secret.write_bytes(b"s" * 40 + b"\n")
     token_key.write_bytes(b"t" * 40)
+    secret.chmod(0o600)
+    token_key.chmod(0o400)
     settings = BindingSettings(key_secret_file=str(secret), scope_token_key_file=str(token_key))
     assert settings.key_secret() == b"s" * 40
     assert settings.scope_token_key({}) == b"t" * 40
     assert BindingSettings().scope_token_key({"KVGOV_SCOPE_TOKEN_KEY": "e" * 40}) == b"e" * 40
     with pytest.raises(BindingConfigError):
         BindingSettings(key_secret_file=str(tmp_path / "absent")).key_secret()
+
+
+def _read(setting: str, path: Path) -> bytes | None:
+    settings = BindingSettings(**{setting: str(path)})
+    return settings.key_secret() if setting == "key_secret_file" else settings.scope_token_key({})
+
+
+@pytest.mark.parametrize("setting", ["key_secret_file", "scope_token_key_file"])
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o601])
+def test_a_secret_file_others_may_access_is_refused(
+    tmp_path: Path, setting: str, mode: int
+) -> None:
+    """Issue #25 leftover: the binding's secret files follow the rule of every key file
+    (kvgov.secrecy.read_key_file): any bit of 077 refuses the file with a typed error
+    naming the setting, the path and the mode, never the content; 0600 is read."""
+    secret = b"k" * 40
+    path = tmp_path / "secret.key"
+    path.write_bytes(secret)
+    path.chmod(mode)
+    with pytest.raises(BindingConfigError) as info:
+        _read(setting, path)
+    message = str(info.value)
+    assert info.value.setting == setting
+    assert str(path) in message and f"mode {mode:04o}" in message and "chmod 600" in message
+    assert secret.decode() not in message and secret.decode()[:8] not in repr(info.value.value)
+    path.chmod(0o600)
+    assert _read(setting, path) == secret
 
 
 def test_a_request_scope_comes_from_extra_args_engine_and_adapter() -> None:
