@@ -1,42 +1,21 @@
-"""A vLLM request's cache scope: :class:`ScopeResolver`.
+"""A vLLM request's cache scope: :mod:`kvgov.govern.scope_resolver`, shared with every binding.
 
-Where each field of the :class:`~kvgov.govern.CacheScope` comes from:
-
-=====================  ========================================================
-tenant                 ``extra_args["kvgov_tenant"]``, else ``default_tenant``
-classification         ``extra_args["kvgov_classification"]``, else ``default_classification``
-template_version       ``extra_args["kvgov_template"]``, else ``default_template``
-model, model_revision  the engine's model config (``model``, ``revision``; the
-                       ``model_revision`` setting overrides the revision)
-tokenizer, revision    the engine's model config (``tokenizer``,
-                       ``tokenizer_revision``; the ``tokenizer_revision`` setting
-                       overrides it)
-adapter, revision      the request's ``lora_request``: its name, and its path
-                       (digested when longer than a scope field may be)
-=====================  ========================================================
-
-``extra_args`` is what the OpenAI server fills from a request's ``vllm_xargs``,
-so a client can write it: a trusted front end must set the three fields for the
-caller it authenticated and strip any the client sent, and should sign them
-(:mod:`kvgov.govern.vllm.scope_token`). A field with neither a value nor a
-default refuses the request (fail closed); a field that is not a valid scope
-field (:func:`kvgov.govern.scope.check_scope_field`) refuses it before any token
-is checked. With ``require_scope_token`` every request needs a valid token, one
-whose scope comes from the defaults too. This module needs no vLLM.
+vLLM passes the scope fields in ``sampling_params.extra_args`` (the OpenAI server's
+``vllm_xargs``) and the adapter in ``lora_request``.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, MAX_SCOPES, UNVERSIONED
-from kvgov.exceptions import InvalidScope, ScopeTokenError
-
-from ..scope import CacheScope, check_scope_field
-from .scope_token import ScopeTokenVerifier
-from .settings import BindingSettings
+from ..scope_resolver import (
+    CLASSIFICATION_KEY,
+    SCOPE_KEYS,
+    TEMPLATE_KEY,
+    TENANT_KEY,
+    TOKEN_KEY,
+    EngineScope,
+    ScopeResolver,
+    revision_of,
+)
 
 __all__ = [
     "CLASSIFICATION_KEY",
@@ -48,171 +27,3 @@ __all__ = [
     "ScopeResolver",
     "revision_of",
 ]
-
-#: ``extra_args`` key of the tenant.
-TENANT_KEY = "kvgov_tenant"
-#: ``extra_args`` key of the data classification.
-CLASSIFICATION_KEY = "kvgov_classification"
-#: ``extra_args`` key of the prompt-template version.
-TEMPLATE_KEY = "kvgov_template"
-#: ``extra_args`` key of the front end's signed scope token.
-TOKEN_KEY = "kvgov_scope_token"
-#: Every ``extra_args`` key the binding reads; a front end strips all of them from clients.
-SCOPE_KEYS = (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY, TOKEN_KEY)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineScope:
-    """What the engine says about the KV of every request it serves.
-
-    Attributes:
-        model: the model name or path.
-        model_revision: its weights revision.
-        tokenizer: the tokenizer name or path.
-        tokenizer_revision: its revision.
-    """
-
-    model: str
-    model_revision: str
-    tokenizer: str
-    tokenizer_revision: str
-
-
-def revision_of(value: object) -> str:
-    """A revision usable as a scope field: the value, its digest if too long, or ``unversioned``.
-
-    Args:
-        value: a revision, a path, or None.
-
-    Returns:
-        ``value`` if it is a printable string of at most 256 characters,
-        ``"sha256:<32 hex>"`` of it if it is a longer (or unprintable) string,
-        :data:`kvgov.defaults.UNVERSIONED` if it is None or empty.
-    """
-    if value is None or value == "":
-        return UNVERSIONED
-    text = str(value)
-    if len(text) <= MAX_SCOPE_FIELD_CHARS and text.isprintable():
-        return text
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:32]
-
-
-class ScopeResolver:
-    """Turns a request's ``extra_args`` and adapter into its scope, or refuses it.
-
-    Args:
-        settings: the binding's settings (defaults, whether tokens are required).
-        engine: the engine's own fields.
-        verifier: checks signed scope tokens; None when no scope-token key is set.
-
-    """
-
-    __slots__ = ("_defaults", "_engine", "_require", "_scopes", "_verifier")
-
-    def __init__(
-        self,
-        settings: BindingSettings,
-        engine: EngineScope,
-        verifier: ScopeTokenVerifier | None,
-    ) -> None:
-        self._defaults = (
-            settings.default_tenant,
-            settings.default_classification,
-            settings.default_template,
-        )
-        self._require = settings.require_scope_token
-        self._engine = engine
-        self._verifier = verifier
-        self._scopes: dict[tuple[object, ...], CacheScope] = {}
-
-    def resolve(self, extra_args: Mapping[str, object] | None, adapter: object) -> CacheScope:
-        """The scope of one request.
-
-        Args:
-            extra_args: the request's ``sampling_params.extra_args`` (or None).
-            adapter: the request's ``lora_request`` (anything with ``lora_name`` and
-                ``lora_path``), or None for the base model.
-
-        Returns:
-            The scope.
-
-        Raises:
-            InvalidScope: ``extra_args`` is not a mapping, a field is missing with no
-                default, or is not a valid scope field
-                (:func:`~kvgov.govern.scope.check_scope_field`: not a string, empty, too
-                long, a NUL, a lone surrogate, a non-printable character).
-            ScopeTokenError: the request carries no token while ``require_scope_token``
-                is on (whether its fields came from ``extra_args`` or the defaults), or
-                its token is expired, malformed or forged, or it carries a token and the
-                engine has no key.
-        """
-        if extra_args is None:
-            xa: Mapping[str, object] = {}
-        elif isinstance(extra_args, Mapping):
-            xa = extra_args
-        else:
-            raise InvalidScope("extra_args", f"<{type(extra_args).__name__}>", "must be a mapping")
-        fields: list[str] = []
-        for name, default in zip(
-            (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
-        ):
-            value = xa.get(name)
-            if value is None:
-                if default is None:
-                    raise InvalidScope(name, None, _MISSING[name])
-                value = default
-            fields.append(check_scope_field(name, value))
-        tenant, classification, template = fields
-        token = xa.get(TOKEN_KEY)
-        # required: every request, a defaulted scope too (the token then signs the defaults)
-        if token is not None or self._require:
-            if self._verifier is None:
-                raise ScopeTokenError(
-                    "the request carries a kvgov_scope_token but the engine has no scope-token "
-                    "key (set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file)"
-                )
-            self._verifier.verify(
-                token, tenant=tenant, classification=classification, template_version=template
-            )
-        lora = None
-        if adapter is not None:
-            lora = (
-                revision_of(getattr(adapter, "lora_name", None)),
-                revision_of(getattr(adapter, "lora_path", None)),
-            )
-        key = (tenant, classification, template, lora)
-        scope = self._scopes.get(key)
-        if scope is None:
-            engine = self._engine
-            scope = CacheScope(
-                tenant=tenant,
-                classification=classification,
-                model=engine.model,
-                model_revision=engine.model_revision,
-                tokenizer=engine.tokenizer,
-                tokenizer_revision=engine.tokenizer_revision,
-                template_version=template,
-                adapter=lora[0] if lora else None,
-                adapter_revision=lora[1] if lora else None,
-            )
-            if len(self._scopes) >= MAX_SCOPES:
-                self._scopes.clear()
-            self._scopes[key] = scope
-        return scope
-
-
-_MISSING = {
-    TENANT_KEY: (
-        "the request carries no scope: a trusted front end must set kvgov_tenant (and "
-        "kvgov_classification, kvgov_template) in the request's extra_args / vllm_xargs, "
-        "or the engine must be configured with a default_tenant"
-    ),
-    CLASSIFICATION_KEY: (
-        "the request names no data classification: the front end must set "
-        "kvgov_classification, or the engine must be configured with a default_classification"
-    ),
-    TEMPLATE_KEY: (
-        "the request names no prompt-template version: the front end must set "
-        "kvgov_template, or the engine must be configured with a default_template"
-    ),
-}
