@@ -6,6 +6,7 @@ sglang.srt.configs imports torchvision.transforms at module level (multimodal/in
 so memory_pool.py cannot be imported. On the first `import torchvision`, and only with a CPU
 torch, define the two op schemas so torchvision's Python parts import; its C ops stay unusable,
 which nothing on the KV-cache path needs."""
+
 import importlib.abc
 import sys
 

@@ -48,7 +48,7 @@ _UNSCOPED = NAMESPACE_PREFIX + "unscoped"
 _ADMITTED = "_kvgov_admitted"
 
 
-class GovernedUnifiedRadixCache(UnifiedRadixCache):  # type: ignore[misc]
+class GovernedUnifiedRadixCache(UnifiedRadixCache):
     """SGLang's unified radix cache under kvgov (see the module docstring).
 
     Class attributes set before construction (the factory sets them): ``kvgov_engine``

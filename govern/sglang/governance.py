@@ -262,7 +262,7 @@ class SglangGovernance:
         try:
             adapter = SglangPoolAdapter(allocator, num_pages, zeroer.bytes_per_page)
             governor = Governor(
-                pool=adapter,  # type: ignore[arg-type]  # the observed half of the protocol
+                pool=adapter,  # the observed half of the protocol (the others raise)
                 policy=parts.policy,
                 audit=parts.audit,
                 deriver=parts.deriver,
