@@ -18,7 +18,7 @@ OPA_PIN ?= opa-golib-python-bindings==0.4.4
 # the note is filtered by its text; every other build warning still shows (and
 # tests/test_packaging.py fails on any warning of the wheel build).
 
-.PHONY: install demo test test-faults test-vllm test-vllm-e2e vllm-demo lint bench bench-vllm clean
+.PHONY: install demo test test-faults test-vllm test-vllm-e2e test-sglang vllm-demo lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,7 @@ demo: $(STAMP)
 
 # The vLLM binding's tests need vLLM: `make test-vllm` runs them in their own venv.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not vllm"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not vllm and not sglang"
 
 # The fault suite (tests/faults): PostgreSQL frozen and killed during load, the spool's
 # disk full, a worker killed with SIGKILL; prints what happened to the events
@@ -55,6 +55,12 @@ test-vllm: $(STAMP)
 # stock and governed over HTTP, and LLM(...) in-process with its KV tensors read back.
 test-vllm-e2e: $(STAMP)
 	$(PY) tests/govern/vllm/e2e/run_test_vllm_e2e.py
+
+# Builds (or reuses) .bench/sglang-venv (SGLang 0.5.23 on the CPU, no model, kvgov editable),
+# runs tests/govern/sglang (the differential test: stock and governed UnifiedRadixCache on the
+# same request streams) and benchmarks/bench_vs_sglang.py (stock vs governed, per page).
+test-sglang: $(STAMP)
+	$(PY) tests/govern/sglang/suite/run_test_sglang.py
 
 # Stock and governed vLLM servers side by side on the tiny model, two tenants, the same
 # prompts: cross-tenant cached tokens, KV left in freed blocks, the audit events.

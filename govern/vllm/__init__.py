@@ -21,8 +21,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .scope import SCOPE_KEYS, EngineScope, ScopeResolver
-from .scope_token import ScopeTokenVerifier, sign_scope_token
+from ..scope_resolver import SCOPE_KEYS, EngineScope, ScopeResolver
+from ..scope_token import ScopeTokenVerifier, sign_scope_token
 from .settings import BindingSettings
 
 if TYPE_CHECKING:

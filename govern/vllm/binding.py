@@ -52,15 +52,15 @@ from kvgov.exceptions import (
 from .. import sharing
 from ..assemble import open_parts
 from ..governor import Governor
+from ..refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
+from ..scope_resolver import EngineScope, ScopeResolver, revision_of
+from ..scope_token import ScopeTokenVerifier
 from ..stats import CacheStats
 from . import fence
 from .pool import GovernedBlockPool, VllmPoolAdapter
-from .refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from .request_state import RequestGovernance
 from .requests import governed_block_hasher, has_extra_keys
-from .scope import EngineScope, ScopeResolver, revision_of
-from .scope_token import ScopeTokenVerifier
 from .settings import BindingSettings
 
 __all__ = ["SCOPE_PATH", "VllmGovernance"]

@@ -144,7 +144,7 @@ class ScopeTokenError(GovernError):
     """A signed scope token is missing, malformed, expired, or does not match its scope.
 
     The binding refuses the request (and audits the refusal); the front end must
-    sign the scope it sets (see ``kvgov.govern.vllm.scope_token``).
+    sign the scope it sets (see ``kvgov.govern.scope_token``).
 
     Args:
         reason: what is wrong with the token.

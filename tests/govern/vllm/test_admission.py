@@ -11,7 +11,7 @@ import pytest
 
 from kvgov.audit import verify
 from kvgov.exceptions import BindingConfigError
-from kvgov.govern.vllm.scope_token import sign_scope_token
+from kvgov.govern.scope_token import sign_scope_token
 
 pytestmark = pytest.mark.vllm
 

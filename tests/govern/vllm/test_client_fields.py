@@ -18,9 +18,7 @@ from hypothesis import strategies as st
 from kvgov.audit import AuditEvent, AuditQueries, EventType, verify
 from kvgov.exceptions import InvalidAuditEvent, InvalidScope, ScopeTokenError
 from kvgov.govern import CacheScope, GovernedKVCache
-from kvgov.govern.scope import check_scope_field
-from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
-from kvgov.govern.vllm.refusal import (
+from kvgov.govern.refusal import (
     ERROR_PATH,
     SCOPE_PATH,
     printable,
@@ -28,7 +26,9 @@ from kvgov.govern.vllm.refusal import (
     refuse,
     request_id_problem,
 )
-from kvgov.govern.vllm.scope_token import ScopeTokenVerifier
+from kvgov.govern.scope import check_scope_field
+from kvgov.govern.scope_token import ScopeTokenVerifier
+from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
 
 from ..conftest import FakeClock
 

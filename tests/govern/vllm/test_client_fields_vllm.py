@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgov.exceptions import InvalidScope
-from kvgov.govern.vllm.scope_token import sign_scope_token
+from kvgov.govern.scope_token import sign_scope_token
 
 from .test_client_fields import JSON, SCOPE_ARGS, TEXT
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import BindingConfigError, ScopeTokenError
-from kvgov.govern.vllm.scope_token import (
+from kvgov.govern.scope_token import (
     ScopeTokenVerifier,
     scope_token_message,
     sign_scope_token,

@@ -10,9 +10,9 @@ import pytest
 
 from kvgov import defaults
 from kvgov.exceptions import BindingConfigError, InvalidScope, ScopeTokenError
+from kvgov.govern.scope_resolver import revision_of
+from kvgov.govern.scope_token import ScopeTokenVerifier
 from kvgov.govern.vllm import BindingSettings, EngineScope, ScopeResolver, sign_scope_token
-from kvgov.govern.vllm.scope import revision_of
-from kvgov.govern.vllm.scope_token import ScopeTokenVerifier
 from tests.support.clock import FakeClock
 
 ENGINE = EngineScope("llama", "r1", "llama-tok", "t1")

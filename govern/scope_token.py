@@ -42,8 +42,8 @@ from collections.abc import Callable
 from kvgov.defaults import MIN_SCOPE_TOKEN_KEY_BYTES, SCOPE_TOKEN_MAX_TTL_SECONDS
 from kvgov.exceptions import BindingConfigError, ScopeTokenError
 
-from ..keys import encode_field
-from ..scope import check_scope_field
+from .keys import encode_field
+from .scope import check_scope_field
 
 __all__ = ["ScopeTokenVerifier", "scope_token_message", "sign_scope_token"]
 
@@ -177,7 +177,7 @@ class ScopeTokenVerifier:
         if token is None:
             raise ScopeTokenError(
                 "the request carries no kvgov_scope_token; the front end must sign the "
-                "scope it sets (kvgov.govern.vllm.scope_token.sign_scope_token)"
+                "scope it sets (kvgov.govern.scope_token.sign_scope_token)"
             )
         match = _TOKEN.fullmatch(token) if isinstance(token, str) else None
         if match is None:

@@ -1,4 +1,4 @@
-"""A vLLM request's cache scope: :class:`ScopeResolver`.
+"""A request's cache scope, for every engine binding: :class:`ScopeResolver`.
 
 Where each field of the :class:`~kvgov.govern.CacheScope` comes from:
 
@@ -15,14 +15,15 @@ adapter, revision      the request's ``lora_request``: its name, and its path
                        (digested when longer than a scope field may be)
 =====================  ========================================================
 
-``extra_args`` is what the OpenAI server fills from a request's ``vllm_xargs``,
-so a client can write it: a trusted front end must set the three fields for the
+``extra_args`` is the mapping the engine hands over: vLLM's ``extra_args`` (the OpenAI
+server fills it from a request's ``vllm_xargs``), SGLang's ``custom_params``; a client
+can write either: a trusted front end must set the three fields for the
 caller it authenticated and strip any the client sent, and should sign them
-(:mod:`kvgov.govern.vllm.scope_token`). A field with neither a value nor a
+(:mod:`kvgov.govern.scope_token`). A field with neither a value nor a
 default refuses the request (fail closed); a field that is not a valid scope
 field (:func:`kvgov.govern.scope.check_scope_field`) refuses it before any token
 is checked. With ``require_scope_token`` every request needs a valid token, one
-whose scope comes from the defaults too. This module needs no vLLM.
+whose scope comes from the defaults too. This module needs no engine.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, MAX_SCOPES, UNVERSIONED
 from kvgov.exceptions import InvalidScope, ScopeTokenError
 
-from ..scope import CacheScope, check_scope_field
+from .scope import CacheScope, check_scope_field
 from .scope_token import ScopeTokenVerifier
-from .settings import BindingSettings
+
+if TYPE_CHECKING:
+    from .vllm.settings import BindingSettings
 
 __all__ = [
     "CLASSIFICATION_KEY",
@@ -204,7 +208,8 @@ class ScopeResolver:
 _MISSING = {
     TENANT_KEY: (
         "the request carries no scope: a trusted front end must set kvgov_tenant (and "
-        "kvgov_classification, kvgov_template) in the request's extra_args / vllm_xargs, "
+        "kvgov_classification, kvgov_template) in the request's extra_args / vllm_xargs "
+        "(SGLang: custom_params), "
         "or the engine must be configured with a default_tenant"
     ),
     CLASSIFICATION_KEY: (

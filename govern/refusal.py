@@ -1,4 +1,4 @@
-"""The refusals the vLLM binding decides itself, as audit events that always construct.
+"""The refusals an engine binding decides itself, as audit events that always construct.
 
 A request's ``extra_args`` (and its id) come from the client: any JSON, any
 Unicode (NUL, lone surrogates, bidi overrides, huge strings). A refusal must be
@@ -11,14 +11,15 @@ client's message hold is made printable and bounded here first:
   ``kvgov_classification``, ``kvgov_template``): a valid scope field as sent, an
   invalid string escaped and cut to :data:`CLAIM_CHARS`, anything else as
   ``<type>``;
-- ``sequence_id``: vLLM's request id, escaped and cut to the column's width.
+- ``sequence_id``: the engine's request id, escaped and cut to the column's width.
 
 The request id is the client's too (vLLM's OpenAI server builds it from the
-``X-Request-Id`` header): an id the audit trail cannot hold as a ``sequence_id``
-(:func:`request_id_problem`) is refused at admission, so the events written
-later, inside vLLM's ``schedule()`` (admission, reuse, erasure), always construct.
+``X-Request-Id`` header, SGLang's from ``rid``): an id the audit trail cannot hold as a
+``sequence_id`` (:func:`request_id_problem`) is refused at admission, so the events
+written later, inside the engine's scheduler (admission, reuse, erasure), always construct.
 
-This module needs no vLLM.
+``details.path`` names the binding (``kvgov.vllm/scope``, ``kvgov.sglang/scope``); the
+vLLM binding's paths are :data:`SCOPE_PATH` and :data:`ERROR_PATH`. This module needs no engine.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ from kvgov.canonical import JCS_INT_MAX
 from kvgov.exceptions import InvalidScope
 from kvgov.schema import TEXT_LIMITS, text_problem
 
-from ..scope import check_scope_field
-from .scope import SCOPE_KEYS
+from .scope import check_scope_field
+from .scope_resolver import SCOPE_KEYS
 
 if TYPE_CHECKING:
-    from ..ledger import Ledger
+    from .ledger import Ledger
 
 __all__ = [
     "CLAIM_CHARS",
@@ -51,7 +52,7 @@ __all__ = [
     "request_id_problem",
 ]
 
-_log = logging.getLogger("kvgov.vllm")
+_log = logging.getLogger("kvgov.binding")
 
 #: The ``details.path`` of refusals the binding decides itself (a bad request id, no or bad
 #: scope, bad token).
@@ -66,7 +67,7 @@ _SEQUENCE_CHARS = TEXT_LIMITS["sequence_id"]
 
 
 def request_id_problem(seq_id: str) -> str | None:
-    """Why vLLM's request id cannot be an audit event's ``sequence_id``, or None if it can.
+    """Why the engine's request id cannot be an audit event's ``sequence_id``, or None if it can.
 
     The rule is the audit store's (:func:`kvgov.schema.text_problem`): at most
     ``TEXT_LIMITS["sequence_id"]`` characters, no NUL, no lone surrogate.
@@ -132,12 +133,13 @@ def refusal_event(
     """The ``policy_denied`` event of a refusal the binding decided itself.
 
     Args:
-        seq_id: vLLM's request id.
+        seq_id: the engine's request id.
         num_tokens: the prompt's tokens (kept when an int in ``0..2**53-1``, else None).
         reason: why it is refused.
         extra_args: the request's ``extra_args``, anything the client sent.
         decision_id: the refusal's id (also in the client's message).
-        path: :data:`SCOPE_PATH` or :data:`ERROR_PATH`.
+        path: ``kvgov.<engine>/scope`` or ``kvgov.<engine>/error`` (:data:`SCOPE_PATH`,
+            :data:`ERROR_PATH` for vLLM).
 
     Returns:
         A valid event, whatever ``seq_id``, ``reason`` and ``extra_args`` hold.
@@ -174,9 +176,10 @@ def refuse(
     Returns:
         ``"kvgov: <reason> (decision <id>)"``, the reason made printable.
     """
-    decision_id = f"kvgov-vllm-{uuid.uuid4().hex}"
+    binding, _, kind = path.partition("/")
+    decision_id = f"kvgov-{binding.removeprefix('kvgov.')}-{uuid.uuid4().hex}"
     shown = printable(reason, REASON_CHARS)
-    ledger.unattributed.denials["scope" if path == SCOPE_PATH else "error"] += 1
+    ledger.unattributed.denials["scope" if kind == "scope" else "error"] += 1
     try:
         audit.record(
             refusal_event(seq_id, num_tokens, shown, extra_args, decision_id=decision_id, path=path)

@@ -1,0 +1,235 @@
+"""SGLang's ``UnifiedRadixCache``, governed: :class:`GovernedUnifiedRadixCache`.
+
+Behaviour within one namespace is SGLang's (the same tree, the same matches,
+locks, evictions and checkpoints); what changes:
+
+* every request is admitted once, the first time the tree sees it (``match_prefix``
+  with its ``req``, or ``checkpoint``): its ``extra_key`` becomes its kvgov tree
+  namespace (:func:`kvgov.govern.sglang.keys.tree_namespace`) and its
+  ``cache_salt`` None, so every key SGLang builds from the request afterwards
+  (match, insert, checkpoint) lies in the namespace kvgov chose; a key whose
+  ``extra_key`` kvgov did not issue matches nothing and is inserted in a
+  namespace of its own;
+* the pages the tree takes are recorded as owned by the request's scope;
+* the allocator is re-classed in place: every page it takes back
+  (``_release_page_ids``: frees, evictions, duplicates an insert exposed) is
+  zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
+  all pages released since the last allocation in one indexed fill per buffer,
+  and audited (``zeroization``, per owner).
+
+:func:`kvgov_radix_cache_factory` is the ``kvgov`` radix-cache backend
+(:mod:`.plugin` registers it); it refuses HiCache and KV events at start.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, InsertResult, MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from kvgov.defaults import UNVERSIONED
+from kvgov.exceptions import UnsupportedEngine
+
+from ..scope import CacheScope
+from ..scope_resolver import EngineScope, revision_of
+from .governance import SglangGovernance
+from .keys import NAMESPACE_PREFIX
+
+__all__ = ["GovernedUnifiedRadixCache", "check_engine", "kvgov_radix_cache_factory"]
+
+#: The namespace of keys kvgov did not issue, for matching: nothing is ever inserted there.
+_UNSCOPED = NAMESPACE_PREFIX + "unscoped"
+_ADMITTED = "_kvgov_admitted"
+
+
+class GovernedUnifiedRadixCache(UnifiedRadixCache):
+    """SGLang's unified radix cache under kvgov (see the module docstring).
+
+    Class attributes set before construction (the factory sets them): ``kvgov_engine``
+    (model and tokenizer of every scope) and ``kvgov_environ`` (the settings).
+    """
+
+    kvgov_engine = EngineScope(UNVERSIONED, UNVERSIONED, UNVERSIONED, UNVERSIONED)
+    kvgov_environ: Mapping[str, str] | None = None
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params)
+        allocator = params.token_to_kv_pool_allocator
+        kv = allocator.get_kvcache()
+        buffers = _kv_buffers(kv)
+        self.kvgov = SglangGovernance.open(
+            allocator=allocator,
+            buffers=buffers,
+            page_size=int(params.page_size),
+            num_pages=int(allocator.num_pages),
+            engine=self.kvgov_engine,
+            environ=dict(os.environ if self.kvgov_environ is None else self.kvgov_environ),
+        )
+        # namespace -> scope of the requests admitted into it
+        self.kvgov_namespaces: dict[str, CacheScope] = {}
+        _govern_allocator(allocator, self.kvgov)
+
+    # ------------------------------------------------------------------ keys
+
+    def kvgov_admit(self, req: Any) -> str:
+        """The request's namespace, admitting it the first time (rewrites its keys)."""
+        ns: str | None = getattr(req, _ADMITTED, None)
+        if ns is not None:
+            return ns
+        decided = self.kvgov.admit(req)
+        ns = decided.namespace
+        if decided.scope is not None:
+            self.kvgov_namespaces[ns] = decided.scope
+        req.extra_key = ns
+        req.cache_salt = None
+        setattr(req, _ADMITTED, ns)
+        return ns
+
+    def _kvgov_key(self, key: RadixKey, req: Any, *, inserting: bool) -> RadixKey:
+        ns = self.kvgov_admit(req) if req is not None else key.extra_key
+        if ns not in self.kvgov_namespaces and not (
+            isinstance(ns, str) and ns.startswith(NAMESPACE_PREFIX + "private:")
+        ):
+            ns = f"{NAMESPACE_PREFIX}private:{uuid.uuid4().hex}" if inserting else _UNSCOPED
+        if key.extra_key == ns and key.cache_salt is None:
+            return key
+        return RadixKey(
+            key.token_ids, ns, is_bigram=key.is_bigram, limit=key.limit, cache_salt=None
+        )
+
+    def match_prefix(self, params: MatchPrefixParams) -> Any:
+        params.key = self._kvgov_key(params.key, params.req, inserting=False)
+        return super().match_prefix(params)
+
+    def touch_prefix(self, key: RadixKey) -> None:
+        super().touch_prefix(self._kvgov_key(key, None, inserting=False))
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        self.kvgov_admit(req)
+        super().checkpoint(req, up_to=up_to, **kwargs)
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        if params.key is not None:
+            params.key = self._kvgov_key(params.key, None, inserting=True)
+        result = super().insert(params)
+        scope = self.kvgov_namespaces.get(params.key.extra_key) if params.key else None
+        value = params.value
+        if scope is not None and isinstance(value, torch.Tensor) and value.numel():
+            page = self.page_size
+            self.kvgov.owned(torch.unique(value[::page] // page).tolist(), scope)
+        return result
+
+    def reset(self) -> None:
+        super().reset()
+        if hasattr(self, "kvgov"):
+            self.kvgov.zeroer.flush()
+
+    def kvgov_close(self) -> None:
+        """Zero what is pending and close the audit trail."""
+        self.kvgov.close()
+
+
+def _kv_buffers(kv: Any) -> list[torch.Tensor]:
+    """Every layer's K and V tensors of SGLang's device KV pool (MHA), or MLA's KV."""
+    names = (
+        ("k_buffer", "v_buffer") if getattr(kv, "k_buffer", None) is not None else ("kv_buffer",)
+    )
+    buffers: list[torch.Tensor] = []
+    for name in names:
+        layers = getattr(kv, name, None)
+        if not isinstance(layers, list | tuple) or not all(
+            isinstance(t, torch.Tensor) for t in layers
+        ):
+            raise UnsupportedEngine(
+                f"a KV pool of type {type(kv).__name__} (no per-layer {name})",
+                "serve a model with an MHA or MLA KV pool",
+            )
+        buffers.extend(layers)
+    return buffers
+
+
+_GOVERNED_ALLOCATORS: dict[type, type] = {}
+
+
+def _govern_allocator(allocator: Any, gov: SglangGovernance) -> None:
+    """Re-class SGLang's paged allocator in place: released pages are zeroed before reuse."""
+    base = type(allocator)
+    if not hasattr(base, "_release_page_ids"):
+        raise UnsupportedEngine(
+            f"the allocator {base.__name__} (not paged)", "run with a paged KV allocator"
+        )
+    cls = _GOVERNED_ALLOCATORS.get(base)
+    if cls is None:
+        cls = type(f"Governed{base.__name__}", (base,), dict(_ALLOCATOR_METHODS))
+        _GOVERNED_ALLOCATORS[base] = cls
+    allocator.__class__ = cls
+    allocator.kvgov_zeroer = gov.zeroer
+
+
+def _release(self: Any, *page_ids: torch.Tensor) -> None:
+    for ids in page_ids:
+        self.kvgov_zeroer.release(ids)
+    super(type(self), self)._release_page_ids(*page_ids)
+
+
+def _flushing(name: str) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.kvgov_zeroer.pending:
+            self.kvgov_zeroer.flush()
+        return getattr(super(type(self), self), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+_ALLOCATOR_METHODS: dict[str, Any] = {
+    "_release_page_ids": _release,
+    **{n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")},
+}
+
+
+def check_engine(ctx: Any) -> None:
+    """Refuse, at start, what would let KV or token ids leave ungoverned.
+
+    Raises:
+        UnsupportedEngine: HiCache (host or storage tiers: kvgov's encrypted tier is not
+            yet registered as an SGLang storage backend, and SGLang writes plaintext
+            pages), KV cache events (they publish cached token ids), a hybrid model.
+    """
+    params = ctx.params
+    if getattr(ctx, "enable_hierarchical_cache", False):
+        raise UnsupportedEngine(
+            "HiCache (--enable-hierarchical-cache): SGLang's host and storage tiers keep "
+            "plaintext KV and its storage backends name pages by unkeyed hashes",
+            "run without --enable-hierarchical-cache",
+        )
+    if getattr(params, "enable_kv_cache_events", False):
+        raise UnsupportedEngine(
+            "KV cache events (--kv-events-config): they publish cached pages' token ids",
+            "run without --kv-events-config",
+        )
+    if getattr(ctx, "is_hybrid_swa", False) or getattr(ctx, "is_hybrid_ssm", False):
+        raise UnsupportedEngine("a hybrid (SWA or Mamba) model", "serve a full-attention model")
+
+
+def kvgov_radix_cache_factory(ctx: Any) -> Any:
+    """The ``kvgov`` radix-cache backend: checks the engine, builds the governed cache."""
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    check_engine(ctx)
+    server_args = ctx.server_args
+    model = getattr(server_args, "model_path", None)
+    tokenizer = getattr(server_args, "tokenizer_path", None) or model
+    GovernedUnifiedRadixCache.kvgov_engine = EngineScope(
+        model=revision_of(model),
+        model_revision=revision_of(getattr(server_args, "revision", None)),
+        tokenizer=revision_of(tokenizer),
+        tokenizer_revision=revision_of(getattr(server_args, "revision", None)),
+    )
+    return create_unified_radix_cache(ctx, cache_class=GovernedUnifiedRadixCache)

@@ -1,0 +1,395 @@
+"""The governor on SGLang's radix cache: :class:`SglangGovernance`, :class:`PageZeroer`.
+
+One object per scheduler process. It admits each request once (scope from the
+front end's signed scope token, admission policy, namespace), gives it its tree
+namespace (:mod:`.keys`), records who owns every page the tree takes, and zeroes
+every page that goes back to the allocator before the allocator can hand it out
+again (:class:`PageZeroer`: every layer's K and V, one indexed fill per buffer per
+batch). Needs torch, not SGLang: the cache (:mod:`.cache`) calls it.
+
+The governor's internals are used here only: ``gov.ledger.owners`` (who owns a page),
+``gov.drain`` (pool events into audit events); the lead's Ledger refactor moves
+them, and this module is the one place to adapt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvgov.allocator import BlockState, BlocksZeroized, PoolCounts, PoolEvent, Revoked
+from kvgov.exceptions import (
+    AuditUnavailable,
+    BindingConfigError,
+    InternalError,
+    InvalidArgument,
+    InvalidScope,
+    PolicyDenied,
+    PoolClosed,
+    ScopeTokenError,
+    TenantPurging,
+    UnsupportedEngine,
+)
+
+from ..assemble import open_parts
+from ..governor import Governor
+from ..keys import scope_digest
+from ..refusal import describe_error, refuse
+from ..scope import CacheScope
+from ..scope_resolver import EngineScope, ScopeResolver, revision_of
+from ..scope_token import ScopeTokenVerifier
+from ..vllm.settings import BindingSettings
+from .keys import NAMESPACE_PREFIX, tree_namespace
+
+__all__ = ["ERROR_PATH", "SCOPE_PATH", "PageZeroer", "SglangGovernance", "SglangPoolAdapter"]
+
+_log = logging.getLogger("kvgov.sglang")
+
+#: ``details.path`` of the refusals this binding decides itself.
+SCOPE_PATH = "kvgov.sglang/scope"
+ERROR_PATH = "kvgov.sglang/error"
+
+
+class PageZeroer:
+    """Zeroes freed pages in every K and V buffer of SGLang's device KV pool.
+
+    Args:
+        buffers: every layer's K and V (or MLA KV) tensors, indexed by token slot.
+        page_size: tokens per page.
+        on_zeroed: called with the page ids and bytes just zeroed.
+    """
+
+    def __init__(
+        self,
+        buffers: Sequence[torch.Tensor],
+        page_size: int,
+        on_zeroed: Callable[[list[int], int, float], None] | None = None,
+    ) -> None:
+        if not buffers:
+            raise UnsupportedEngine("a KV pool without K/V buffers", "use an MHA or MLA pool")
+        self.buffers = list(buffers)
+        self.page_size = page_size
+        self.on_zeroed = on_zeroed
+        self.pending: list[torch.Tensor] = []
+        self.bytes_per_page = sum(page_size * b[0].numel() * b.element_size() for b in self.buffers)
+        self._offsets = torch.arange(page_size, device=self.buffers[0].device)
+
+    def release(self, page_ids: torch.Tensor) -> None:
+        """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
+        if page_ids.numel():
+            self.pending.append(page_ids.reshape(-1))
+
+    def flush(self) -> list[int]:
+        """Zero every pending page now: one indexed fill per buffer; returns their ids."""
+        if not self.pending:
+            return []
+        pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        start = time.perf_counter()
+        dev = self.buffers[0].device
+        slots = (pages.to(dev).unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
+        for buf in self.buffers:
+            buf.index_fill_(0, slots, 0)
+        ids = pages.tolist()
+        if self.on_zeroed is not None:
+            self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
+        return ids
+
+
+class SglangPoolAdapter:
+    """SGLang's paged KV pool as the governor's observed pool.
+
+    SGLang's tree and allocator hand out, match and free pages themselves; the
+    governor only reads events (:meth:`take_events`) and states. Page ids are
+    ``0..num_pages`` (page 0 is SGLang's padding page, never handed out).
+    """
+
+    __slots__ = ("_allocator", "_bytes", "_events", "_num")
+
+    def __init__(self, allocator: Any, num_pages: int, bytes_per_page: int) -> None:
+        self._allocator = allocator
+        self._num = num_pages + 1
+        self._bytes = bytes_per_page
+        self._events: list[PoolEvent] = []
+
+    @property
+    def num_blocks(self) -> int:
+        """Pages in the pool, SGLang's padding page 0 included."""
+        return self._num
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of KV one page holds across every layer's K and V."""
+        return self._bytes
+
+    def add(self, event: PoolEvent) -> None:
+        """Queue an event for the governor (the zeroer and the cache call it)."""
+        self._events.append(event)
+
+    def take_events(self) -> list[PoolEvent]:
+        """Events since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    def _free_set(self) -> set[int]:
+        return set(self._allocator.get_all_free_pages().tolist())
+
+    def states(self, block_ids: Sequence[int]) -> list[BlockState]:
+        """FREE if in the allocator's free list, else OWNED (the tree holds it)."""
+        free = self._free_set()
+        return [BlockState.FREE if i == 0 or i in free else BlockState.OWNED for i in block_ids]
+
+    def counts(self) -> PoolCounts:
+        """Pages by state (cached pages count as owned: the tree holds them)."""
+        free = len(self._free_set()) + 1
+        return PoolCounts(free=free, owned=self._num - free, cached=0, dirty=0)
+
+    def read_back_zero(self, block_ids: Sequence[int]) -> bool | None:
+        """None: the binding's tests read the buffers themselves."""
+        return None
+
+    def _driven(self, call: str) -> InternalError:
+        return InternalError(f"{call} on SGLang's pool: SGLang's tree does that itself")
+
+    def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
+        """Not supported yet: SGLang's tree evicts (see docs/sglang.md)."""
+        raise self._driven("evict")
+
+    def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
+        """Not supported yet: SGLang's tree evicts (see docs/sglang.md)."""
+        raise self._driven("revoke")
+
+    def allocate(self, n: int) -> list[int]:
+        """Never called: SGLang allocates."""
+        raise self._driven("allocate")
+
+    def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
+        """Never called: SGLang frees."""
+        raise self._driven("free")
+
+    def lookup(self, keys: Iterable[bytes]) -> list[int]:
+        """Never called: SGLang's tree matches."""
+        raise self._driven("lookup")
+
+    def set_keys(
+        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
+    ) -> list[bool]:
+        """Never called: SGLang's tree inserts."""
+        raise self._driven("set_keys")
+
+
+@dataclass(slots=True)
+class Admitted:
+    """What the binding decided for one request."""
+
+    namespace: str
+    scope: CacheScope | None  # None: refused, private namespace, nothing shared
+
+
+class SglangGovernance:
+    """One scheduler's governance: governor, scope resolver, page zeroer.
+
+    Args:
+        governor: the governor over a :class:`SglangPoolAdapter`.
+        adapter: that adapter.
+        resolver: request -> scope.
+        zeroer: the device pool's zeroer.
+    """
+
+    def __init__(
+        self,
+        *,
+        governor: Governor,
+        adapter: SglangPoolAdapter,
+        resolver: ScopeResolver,
+        zeroer: PageZeroer,
+    ) -> None:
+        self.gov = governor
+        self.adapter = adapter
+        self.resolver = resolver
+        self.zeroer = zeroer
+        self.device = str(zeroer.buffers[0].device)
+        zeroer.on_zeroed = self._zeroed
+        self._digests: dict[CacheScope, bytes] = {}
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        allocator: Any,
+        buffers: Sequence[torch.Tensor],
+        page_size: int,
+        num_pages: int,
+        engine: EngineScope,
+        environ: Mapping[str, str],
+        clock: Callable[[], float] = time.time,
+    ) -> SglangGovernance:
+        """Read the settings (``KVGOV_*`` environment), open the governor's parts.
+
+        Raises:
+            BindingConfigError: invalid settings, or a scope token required without a key.
+            KeySecretError, PolicyLoadError, AuditSchemaError: as for the vLLM binding.
+        """
+        settings = BindingSettings.load(None, environ)
+        key = settings.scope_token_key(environ)
+        if settings.require_scope_token and key is None:
+            raise BindingConfigError(
+                "require_scope_token", True, "needs the scope-token key: set KVGOV_SCOPE_TOKEN_KEY"
+            )
+        verifier = (
+            None
+            if key is None
+            else ScopeTokenVerifier(key, max_ttl=settings.scope_token_max_ttl, clock=clock)
+        )
+        resolver = ScopeResolver(settings, engine, verifier)
+        zeroer = PageZeroer(buffers, page_size)
+        parts = open_parts(
+            policy_dir=settings.policy_dir,
+            policy_data=settings.policy_data,
+            audit_url=settings.audit_url,
+            key_secret=settings.key_secret(),
+            ephemeral_secret=settings.ephemeral_secret,
+            clock=clock,
+            worker_id=settings.worker_id,
+            policy_engine="embedded",
+        )
+        try:
+            adapter = SglangPoolAdapter(allocator, num_pages, zeroer.bytes_per_page)
+            governor = Governor(
+                pool=adapter,  # the observed half of the protocol (the others raise)
+                policy=parts.policy,
+                audit=parts.audit,
+                deriver=parts.deriver,
+                block_size=page_size,
+                clock=clock,
+            )
+            return cls(governor=governor, adapter=adapter, resolver=resolver, zeroer=zeroer)
+        except BaseException:
+            parts.close()
+            raise
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, req: Any) -> Admitted:
+        """Decide a request once; returns its tree namespace (refused: a private one).
+
+        Never raises: a refusal (no or bad scope, policy denial, an unexpected error) is
+        audited, and the request gets a namespace of its own, so it reads and publishes
+        nothing shared (SGLang's tree cannot refuse a request; the front end can).
+        """
+        try:
+            seq_id = str(req.rid)
+            num_tokens = len(req.origin_input_ids)
+            sp = getattr(req, "sampling_params", None)
+            params = getattr(sp, "custom_params", None) if sp is not None else None
+        except Exception as exc:
+            refuse(
+                self.gov.ledger,
+                self.gov.audit,
+                "",
+                None,
+                describe_error(exc),
+                None,
+                path=ERROR_PATH,
+            )
+            return self._private()
+        try:
+            return self._admit(req, seq_id, num_tokens, params)
+        except Exception as exc:
+            _log.exception("kvgov: admitting request %r failed; caching nothing of it", seq_id)
+            refuse(
+                self.gov.ledger,
+                self.gov.audit,
+                seq_id,
+                num_tokens,
+                describe_error(exc),
+                params,
+                path=ERROR_PATH,
+            )
+            return self._private()
+
+    def _private(self) -> Admitted:
+        return Admitted(namespace=f"{NAMESPACE_PREFIX}private:{uuid.uuid4().hex}", scope=None)
+
+    def _admit(
+        self, req: Any, seq_id: str, num_tokens: int, params: Mapping[str, Any] | None
+    ) -> Admitted:
+        gov = self.gov
+        try:
+            gov.check_open()
+            adapter = _LoraName(req.lora_id) if getattr(req, "lora_id", None) else None
+            scope = self.resolver.resolve(params, adapter)
+            gov.check_not_purging(scope.tenant)
+            view = gov.admission_view(scope, seq_id, num_tokens)
+            adm = gov.decide(view, seq_id, num_tokens, None)
+            plan = gov.plan(view, b"", bool(adm.cache), 0)
+        except PolicyDenied:  # audited by the governor
+            return self._private()
+        except (InvalidScope, ScopeTokenError, PoolClosed, TenantPurging, InvalidArgument) as exc:
+            refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), params, path=SCOPE_PATH)
+            return self._private()
+        except AuditUnavailable:  # fail closed: nothing shared unaudited
+            return self._private()
+        gov.record_admission(
+            view,
+            seq_id,
+            (),
+            adm,
+            num_tokens=num_tokens,
+            cacheable=plan.cacheable,
+            ttl=plan.ttl,
+            requested_priority=None,
+            cached_tokens=0,
+        )
+        if not plan.cacheable:
+            return Admitted(namespace=self._private().namespace, scope=scope)
+        digest = self._digests.get(scope)
+        if digest is None:
+            digest = self._digests[scope] = bytes(scope_digest(scope))
+        ns = tree_namespace(
+            plan.root, digest, getattr(req, "extra_key", None), getattr(req, "cache_salt", None)
+        )
+        return Admitted(namespace=ns, scope=scope)
+
+    # ------------------------------------------------------------------ pages
+
+    def owned(self, pages: Sequence[int], scope: CacheScope) -> None:
+        """The tree took ``pages`` written by ``scope``: record the owner of the unowned ones."""
+        table = self.gov.ledger.owners.table
+        new = [p for p in pages if table[p] is None]
+        if new:
+            self.gov.ledger.owners.assign(new, scope)
+
+    def _zeroed(self, pages: list[int], nbytes: int, seconds: float) -> None:
+        self.adapter.add(BlocksZeroized(tuple(sorted(pages)), nbytes, self.device, seconds, "done"))
+        self.gov.drain()
+
+    def close(self) -> None:
+        """Zero what is pending, flush and close the audit trail. Idempotent."""
+        if self.gov.closed:
+            return
+        try:
+            self.zeroer.flush()
+        finally:
+            self.gov.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _LoraName:
+    """SGLang's adapter id as the resolver reads an adapter (name and path)."""
+
+    lora_id: str
+
+    @property
+    def lora_name(self) -> str:
+        return self.lora_id
+
+    @property
+    def lora_path(self) -> str:
+        return revision_of(self.lora_id)
