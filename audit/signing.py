@@ -271,6 +271,17 @@ def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
     except OSError as exc:
         raise SigningKeyError(f"cannot read public key file {p}: {exc}") from exc
     if b"PRIVATE KEY" in data:
+        # a private key is a secret wherever it is given: the file rule of every key
+        # file applies (read again on the open file, so the mode checked is the one read)
+        try:
+            data = read_key_file(p)
+        except KeyFileOpenToOthers as exc:
+            raise SigningKeyError(
+                f"{exc}; {p} holds a private key: give verifiers the public key instead "
+                "(`kvgov audit keygen` writes both)"
+            ) from None
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read public key file {p}: {exc}") from exc
         return _load_private_pem(data, str(p)).public_key()
     try:
         key = serialization.load_pem_public_key(data)

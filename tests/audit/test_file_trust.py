@@ -16,8 +16,10 @@ import pytest
 from sqlalchemy import text
 
 from kvgov.audit.durability import RunMarker
+from kvgov.audit.signing import generate_key_files, load_public_key
 from kvgov.audit.spool import KeyRecord, Spool
 from kvgov.audit.store import create_audit_engine
+from kvgov.exceptions import SigningKeyError
 
 
 def _mode(path: Path) -> int:
@@ -78,3 +80,21 @@ def test_the_spool_is_never_appended_through_a_link(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         Spool(path).append([], keys=[key])
     assert victim.read_text() == "precious\n"
+
+
+def test_a_private_key_given_as_the_public_key_is_refused_when_others_can_read_it(
+    tmp_path: Path,
+) -> None:
+    """``--public-key`` accepts a private key PEM (its public half is used); that file is a
+    secret all the same, so the key-file rule holds: 0644 refused, 0600 read."""
+    files = generate_key_files(tmp_path / "keys")
+    private = files.private
+    private.chmod(0o644)
+    with pytest.raises(SigningKeyError, match="accessible by group or others") as info:
+        load_public_key(private)
+    assert "BEGIN" not in str(info.value)
+    private.chmod(0o600)
+    assert (
+        load_public_key(private).public_bytes_raw()
+        == load_public_key(files.public).public_bytes_raw()
+    )
