@@ -2,8 +2,9 @@
 
 Per request, as SGLang's scheduler does: touch an earlier request's prefix (every
 third request, so LRU order and thus evictions depend on it), match the prompt (all
-but its last token), lock the matched node, evict if the allocator is short, allocate the rest and write
-it (non-zero KV, as a forward pass would), insert the whole prompt, unlock. Within
+but its last token), lock the matched node, evict if the allocator is short,
+allocate the rest and write it (non-zero KV, as a forward pass would), insert the
+whole prompt, unlock. Within
 one scope every result is the stock cache's; across scopes nothing matches; every
 page the allocator holds free reads zero in every K and V buffer; the trail verifies.
 """
