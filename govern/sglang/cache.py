@@ -29,7 +29,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, InsertResult, MatchPrefixParams
+from sglang.srt.mem_cache.base_prefix_cache import (
+    EvictParams,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+)
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -38,6 +43,7 @@ from kvgov.exceptions import UnsupportedEngine
 
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, revision_of
+from . import fence
 from .governance import SglangGovernance
 from .keys import NAMESPACE_PREFIX
 
@@ -71,9 +77,11 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             engine=self.kvgov_engine,
             environ=dict(os.environ if self.kvgov_environ is None else self.kvgov_environ),
         )
-        # namespace -> scope of the requests admitted into it
-        self.kvgov_namespaces: dict[str, CacheScope] = {}
-        _govern_allocator(allocator, self.kvgov)
+        # namespace -> scope and retention of the requests admitted into it
+        self.kvgov_namespaces: dict[str, tuple[CacheScope, float | None]] = {}
+        fence.govern_allocator(allocator, self.kvgov.zeroer.release, self.kvgov.zeroer.flush)
+        self.kvgov.adapter.evict_unlocked = self.kvgov_evict_unlocked
+        self.kvgov.on_retired = self.kvgov_retire
 
     # ------------------------------------------------------------------ keys
 
@@ -85,7 +93,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         decided = self.kvgov.admit(req)
         ns = decided.namespace
         if decided.scope is not None:
-            self.kvgov_namespaces[ns] = decided.scope
+            self.kvgov_namespaces[ns] = (decided.scope, decided.ttl)
         req.extra_key = ns
         req.cache_salt = None
         setattr(req, _ADMITTED, ns)
@@ -118,17 +126,34 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         if params.key is not None:
             params.key = self._kvgov_key(params.key, None, inserting=True)
         result = super().insert(params)
-        scope = self.kvgov_namespaces.get(params.key.extra_key) if params.key else None
+        owner = self.kvgov_namespaces.get(params.key.extra_key) if params.key else None
         value = params.value
-        if scope is not None and isinstance(value, torch.Tensor) and value.numel():
+        if owner is not None and isinstance(value, torch.Tensor) and value.numel():
             page = self.page_size
-            self.kvgov.owned(torch.unique(value[::page] // page).tolist(), scope)
+            self.kvgov.owned(torch.unique(value[::page] // page).tolist(), *owner)
         return result
 
     def reset(self) -> None:
         super().reset()
         if hasattr(self, "kvgov"):
             self.kvgov.zeroer.flush()
+
+    def kvgov_evict_unlocked(self) -> int:
+        """Evict every page of the tree no running request holds (SGLang's own eviction walk).
+
+        SGLang's tree core offers no eviction of chosen nodes, so an erasure evicts
+        every unlocked page; the pages it frees are zeroed by the caller. Returns the
+        tokens evicted.
+        """
+        size = int(self.evictable_size())
+        if size <= 0:
+            return 0
+        return int(self.evict(EvictParams(num_tokens=size)).num_tokens_evicted)
+
+    def kvgov_retire(self, namespaces: set[str]) -> None:
+        """Forget namespaces an erasure retired: their keys match nothing from now on."""
+        for ns in namespaces:
+            self.kvgov_namespaces.pop(ns, None)
 
     def kvgov_close(self) -> None:
         """Zero what is pending and close the audit trail."""
@@ -152,46 +177,6 @@ def _kv_buffers(kv: Any) -> list[torch.Tensor]:
             )
         buffers.extend(layers)
     return buffers
-
-
-_GOVERNED_ALLOCATORS: dict[type, type] = {}
-
-
-def _govern_allocator(allocator: Any, gov: SglangGovernance) -> None:
-    """Re-class SGLang's paged allocator in place: released pages are zeroed before reuse."""
-    base = type(allocator)
-    if not hasattr(base, "_release_page_ids"):
-        raise UnsupportedEngine(
-            f"the allocator {base.__name__} (not paged)", "run with a paged KV allocator"
-        )
-    cls = _GOVERNED_ALLOCATORS.get(base)
-    if cls is None:
-        cls = type(f"Governed{base.__name__}", (base,), dict(_ALLOCATOR_METHODS))
-        _GOVERNED_ALLOCATORS[base] = cls
-    allocator.__class__ = cls
-    allocator.kvgov_zeroer = gov.zeroer
-
-
-def _release(self: Any, *page_ids: torch.Tensor) -> None:
-    for ids in page_ids:
-        self.kvgov_zeroer.release(ids)
-    super(type(self), self)._release_page_ids(*page_ids)
-
-
-def _flushing(name: str) -> Any:
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.kvgov_zeroer.pending:
-            self.kvgov_zeroer.flush()
-        return getattr(super(type(self), self), name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
-
-
-_ALLOCATOR_METHODS: dict[str, Any] = {
-    "_release_page_ids": _release,
-    **{n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")},
-}
 
 
 def check_engine(ctx: Any) -> None:

@@ -23,24 +23,34 @@ from typing import Any
 
 import torch
 
-from kvgov.allocator import BlockState, BlocksZeroized, PoolCounts, PoolEvent, Revoked
+from kvgov.allocator import (
+    BlocksEvicted,
+    BlockState,
+    BlocksZeroized,
+    PoolCounts,
+    PoolEvent,
+    Revoked,
+)
 from kvgov.exceptions import (
     AuditUnavailable,
     BindingConfigError,
     InternalError,
     InvalidArgument,
     InvalidScope,
+    InvalidSpec,
     PolicyDenied,
     PoolClosed,
     ScopeTokenError,
     TenantPurging,
+    UnknownBlock,
     UnsupportedEngine,
 )
 
 from ..assemble import open_parts
 from ..governor import Governor
 from ..keys import scope_digest
-from ..refusal import describe_error, refuse
+from ..refusal import describe_error, refuse, request_id_problem
+from ..results import ErasureReport, InvalidationReport
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
 from ..scope_token import ScopeTokenVerifier
@@ -85,6 +95,21 @@ class PageZeroer:
         if page_ids.numel():
             self.pending.append(page_ids.reshape(-1))
 
+    def pending_ids(self) -> list[int]:
+        """The pages released and not yet zeroed, in release order."""
+        if not self.pending:
+            return []
+        return [int(i) for t in self.pending for i in t.tolist()]
+
+    def reads_zero(self, page_ids: Sequence[int]) -> bool:
+        """Whether the pages read zero in every buffer (a read-back, for erasure checks)."""
+        if not page_ids:
+            return True
+        dev = self.buffers[0].device
+        pages = torch.tensor(list(page_ids), dtype=torch.int64, device=dev)
+        slots = (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
+        return all(not bool(buf[slots].any()) for buf in self.buffers)
+
     def flush(self) -> list[int]:
         """Zero every pending page now: one indexed fill per buffer; returns their ids."""
         if not self.pending:
@@ -110,13 +135,18 @@ class SglangPoolAdapter:
     ``0..num_pages`` (page 0 is SGLang's padding page, never handed out).
     """
 
-    __slots__ = ("_allocator", "_bytes", "_events", "_num")
+    __slots__ = ("_allocator", "_bytes", "_events", "_num", "evict_unlocked", "zeroer")
 
-    def __init__(self, allocator: Any, num_pages: int, bytes_per_page: int) -> None:
+    def __init__(
+        self, allocator: Any, num_pages: int, bytes_per_page: int, zeroer: PageZeroer
+    ) -> None:
         self._allocator = allocator
         self._num = num_pages + 1
         self._bytes = bytes_per_page
         self._events: list[PoolEvent] = []
+        self.zeroer = zeroer
+        #: the cache's "evict every unlocked page" (set by the governed cache)
+        self.evict_unlocked: Callable[[], int] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -151,19 +181,53 @@ class SglangPoolAdapter:
         return PoolCounts(free=free, owned=self._num - free, cached=0, dirty=0)
 
     def read_back_zero(self, block_ids: Sequence[int]) -> bool | None:
-        """None: the binding's tests read the buffers themselves."""
-        return None
+        """Whether every page reads zero in every K and V buffer (pending zeroing done first).
+
+        The device KV buffers live in this process (SGLang's scheduler), so they are read.
+        """
+        self.zeroer.flush()
+        return self.zeroer.reads_zero(_checked(block_ids, self._num))
 
     def _driven(self, call: str) -> InternalError:
         return InternalError(f"{call} on SGLang's pool: SGLang's tree does that itself")
 
+    def _erase(self, block_ids: Iterable[int], reason: str) -> list[int]:
+        """Evict every unlocked page of the tree; the ones of ``block_ids`` now free, zeroed."""
+        if not isinstance(reason, str) or not reason:
+            raise InvalidSpec("reason", reason, "must be a non-empty string")
+        ids = _checked(block_ids, self._num)
+        if self.evict_unlocked is None:
+            raise self._driven("evict (no cache attached)")
+        zeroer = self.zeroer
+        zeroer.flush()  # what was released before: its own zeroization
+        self.evict_unlocked()
+        freed = zeroer.pending_ids()
+        if freed:
+            self.add(BlocksEvicted(tuple(freed), (b"",) * len(freed), reason))
+            zeroer.flush()
+        free = self._free_set()
+        return [i for i in ids if i in free]
+
     def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
-        """Not supported yet: SGLang's tree evicts (see docs/sglang.md)."""
-        raise self._driven("evict")
+        """Evict the cached pages among ``block_ids`` (retention); returns those now free.
+
+        SGLang's tree core cannot evict chosen nodes: every page no running request
+        holds is evicted (and zeroed); the other tenants' pages are simply recomputed.
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a page of the pool.
+        """
+        return self._erase(block_ids, reason)
 
     def revoke(self, block_ids: Iterable[int], reason: str) -> Revoked:
-        """Not supported yet: SGLang's tree evicts (see docs/sglang.md)."""
-        raise self._driven("revoke")
+        """As :meth:`evict` (purge, invalidation); held pages stay, in retired namespaces.
+
+        Raises:
+            InvalidSpec: ``reason`` is not a non-empty string.
+            UnknownBlock: an id is not a page of the pool.
+        """
+        return Revoked(evicted=tuple(self._erase(block_ids, reason)), detached=())
 
     def allocate(self, n: int) -> list[int]:
         """Never called: SGLang allocates."""
@@ -184,12 +248,21 @@ class SglangPoolAdapter:
         raise self._driven("set_keys")
 
 
+def _checked(block_ids: Iterable[int], num: int) -> list[int]:
+    ids = list(block_ids)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num:
+            raise UnknownBlock(i, num)
+    return ids
+
+
 @dataclass(slots=True)
 class Admitted:
     """What the binding decided for one request."""
 
     namespace: str
     scope: CacheScope | None  # None: refused, private namespace, nothing shared
+    ttl: float | None = None  # retention of the pages it caches (None: none)
 
 
 class SglangGovernance:
@@ -217,6 +290,14 @@ class SglangGovernance:
         self.device = str(zeroer.buffers[0].device)
         zeroer.on_zeroed = self._zeroed
         self._digests: dict[CacheScope, bytes] = {}
+        # namespace root -> generation: an erasure moves every namespace it retires to
+        # the next one, so pages a running request still holds there are never found again
+        self._generation: dict[bytes, int] = {}
+        # live namespace -> its root, and the scopes admitted into it
+        self._ns_root: dict[str, bytes] = {}
+        self._ns_scopes: dict[str, set[CacheScope]] = {}
+        #: the cache's "forget these namespaces" (set by the governed cache)
+        self.on_retired: Callable[[set[str]], None] | None = None
 
     @classmethod
     def open(
@@ -260,7 +341,7 @@ class SglangGovernance:
             policy_engine="embedded",
         )
         try:
-            adapter = SglangPoolAdapter(allocator, num_pages, zeroer.bytes_per_page)
+            adapter = SglangPoolAdapter(allocator, num_pages, zeroer.bytes_per_page, zeroer)
             governor = Governor(
                 pool=adapter,  # the observed half of the protocol (the others raise)
                 policy=parts.policy,
@@ -298,6 +379,11 @@ class SglangGovernance:
                 None,
                 path=ERROR_PATH,
             )
+            return self._private()
+        problem = request_id_problem(seq_id)
+        if problem is not None:  # the trail could not name it: refused, audited escaped
+            refuse(self.gov.ledger, self.gov.audit, seq_id, num_tokens, problem, params,
+                   path=SCOPE_PATH)  # fmt: skip
             return self._private()
         try:
             return self._admit(req, seq_id, num_tokens, params)
@@ -352,19 +438,79 @@ class SglangGovernance:
         digest = self._digests.get(scope)
         if digest is None:
             digest = self._digests[scope] = bytes(scope_digest(scope))
+        root = bytes(plan.root)
         ns = tree_namespace(
-            plan.root, digest, getattr(req, "extra_key", None), getattr(req, "cache_salt", None)
+            root,
+            digest,
+            getattr(req, "extra_key", None),
+            getattr(req, "cache_salt", None),
+            generation=self._generation.get(root, 0),
         )
-        return Admitted(namespace=ns, scope=scope)
+        self._ns_root[ns] = root
+        self._ns_scopes.setdefault(ns, set()).add(scope)
+        return Admitted(namespace=ns, scope=scope, ttl=plan.ttl)
 
     # ------------------------------------------------------------------ pages
 
-    def owned(self, pages: Sequence[int], scope: CacheScope) -> None:
-        """The tree took ``pages`` written by ``scope``: record the owner of the unowned ones."""
-        table = self.gov.ledger.owners.table
+    def owned(self, pages: Sequence[int], scope: CacheScope, ttl: float | None = None) -> None:
+        """The tree took ``pages`` written by ``scope``: record the owner of the unowned ones.
+
+        ``ttl``: their retention (seconds from now; None: none), for :meth:`sweep`.
+        """
+        ledger = self.gov.ledger
+        table = ledger.owners.table
         new = [p for p in pages if table[p] is None]
         if new:
-            self.gov.ledger.owners.assign(new, scope)
+            ledger.owners.assign(new, scope)
+            if ttl is not None:
+                ledger.deadlines.keyed(new, ttl)
+                ledger.deadlines.cached(new)
+
+    # ------------------------------------------------------------------ erasure
+
+    def _retire(self, matches: Callable[[CacheScope], bool]) -> None:
+        """Retire every namespace a matching scope was admitted into (next generation)."""
+        retired = {ns for ns, scopes in self._ns_scopes.items() if any(map(matches, scopes))}
+        for ns in retired:
+            root = self._ns_root.pop(ns)
+            self._ns_scopes.pop(ns)
+            self._generation[root] = self._generation.get(root, 0) + 1
+        if retired and self.on_retired is not None:
+            self.on_retired(retired)
+
+    def purge_tenant(self, tenant: str) -> ErasureReport:
+        """Erase a tenant: every page it wrote that no running request holds is evicted and zeroed.
+
+        Audited (``erasure``); ``verified`` from ownership (every page the ledger names the
+        tenant's is free and reads zero). A page a running request holds counts in
+        ``held_blocks``; the tenant's namespaces are retired, so nothing matches it again.
+
+        Raises:
+            InvalidScope: tenant is not a valid identifier.
+            AuditUnavailable: the erasure could not be audited.
+        """
+        report = self.gov.purge_tenant(tenant, ())
+        self._retire(lambda scope: scope.tenant == tenant)
+        return report
+
+    def invalidate(self, wanted: Mapping[str, str]) -> InvalidationReport:
+        """Drop every page of a matching scope (``model``, ``adapter``, ... = value), audited.
+
+        Raises:
+            InvalidArgument: no filter, or a field that is not a filter.
+        """
+        report = self.gov.invalidate(wanted, ())
+        self._retire(lambda scope: all(getattr(scope, k) == v for k, v in wanted.items()))
+        return report
+
+    def sweep(self) -> int:
+        """Evict the pages past their retention (audited ``retention_sweep``); returns how many."""
+        return self.gov.sweep()
+
+    def sweep_due(self) -> int:
+        """:meth:`sweep` if a deadline is due (a heap peek otherwise)."""
+        gov = self.gov
+        return gov.sweep() if gov.ledger.deadlines.next_due() <= gov.clock() else 0
 
     def _zeroed(self, pages: list[int], nbytes: int, seconds: float) -> None:
         self.adapter.add(BlocksZeroized(tuple(sorted(pages)), nbytes, self.device, seconds, "done"))

@@ -24,25 +24,69 @@ def _module(path: Path) -> str:
     return ".".join(["kvgov", "govern", *parts])
 
 
+def _builds_a_governor(cls: ast.ClassDef) -> bool:
+    """Whether a class constructs its own ``Governor(...)`` (in one of its methods)."""
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "Governor"
+        for n in ast.walk(cls)
+    )
+
+
+def _takers(tree: ast.Module, module: str) -> list[str]:
+    """``module.function(param)`` for each parameter typed with ``Governor``, owners excepted.
+
+    A binding owns its governor: the class that builds one (``VllmGovernance.open``,
+    ``SglangGovernance.open``) may take it whole in its own ``__init__``; nothing
+    else may, whatever package it is in.
+    """
+    owners = {
+        id(item)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef) and _builds_a_governor(cls)
+        for item in cls.body
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__"
+    }
+    takers = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and id(node) not in owners:
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            takers.extend(
+                f"{module}.{node.name}({arg.arg})"
+                for arg in args
+                if arg.annotation is not None and "Governor" in ast.unparse(arg.annotation)
+            )
+    return takers
+
+
 def test_no_helper_takes_the_whole_governor() -> None:
     """Only the governor's module names ``Governor`` in a parameter: helpers take the ledger."""
     takers = []
     for path in GOVERN.rglob("*.py"):
-        if path.name == "governor.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
-                # a binding is built on a governor (VllmGovernance.__init__); helpers are not
-                binding = node.name == "__init__" and "vllm" in path.parts
-                takers.extend(
-                    f"{_module(path)}.{node.name}({arg.arg})"
-                    for arg in args
-                    if not binding
-                    and arg.annotation is not None
-                    and "Governor" in ast.unparse(arg.annotation)
-                )
+        if path.name != "governor.py":
+            takers += _takers(ast.parse(path.read_text(encoding="utf-8")), _module(path))
     assert takers == []
+
+
+def test_the_governor_rule_tells_a_binding_from_a_helper() -> None:
+    """The exemption is the owning binding's ``__init__``, not a package or a name."""
+    source = """
+class Binding:
+    def __init__(self, governor: Governor) -> None: ...
+    @classmethod
+    def open(cls) -> "Binding":
+        return cls(governor=Governor(pool=None))
+    def step(self, other: Governor) -> None: ...
+
+class Helper:
+    def __init__(self, governor: Governor) -> None: ...
+
+def helper(gov: Governor | None) -> None: ...
+"""
+    assert sorted(_takers(ast.parse(source), "m")) == [
+        "m.__init__(governor)",
+        "m.helper(gov)",
+        "m.step(other)",
+    ]
 
 
 def _members(protocol: type) -> set[str]:

@@ -1,8 +1,10 @@
 """Stock and governed UnifiedRadixCache driven by the same request streams (needs SGLang).
 
-Per request, as SGLang's scheduler does: match the prompt (all but its last token),
-lock the matched node, evict if the allocator is short, allocate the rest and write
-it (non-zero KV, as a forward pass would), insert the whole prompt, unlock. Within
+Per request, as SGLang's scheduler does: touch an earlier request's prefix (every
+third request, so LRU order and thus evictions depend on it), match the prompt (all
+but its last token), lock the matched node, evict if the allocator is short,
+allocate the rest and write it (non-zero KV, as a forward pass would), insert the
+whole prompt, unlock. Within
 one scope every result is the stock cache's; across scopes nothing matches; every
 page the allocator holds free reads zero in every K and V buffer; the trail verifies.
 """
@@ -98,7 +100,10 @@ def _stream(n: int, seed: int) -> list[array]:
 
 def _drive(cache: Any, alloc: Any, kv: Any, reqs: list[SimpleNamespace]) -> list[tuple[int, ...]]:
     results = []
-    for req in reqs:
+    for i, req in enumerate(reqs):
+        if i % 3 == 2:  # the scheduler touches a waiting request's prefix: LRU order changes
+            old = reqs[i - 2]
+            cache.touch_prefix(RadixKey(array("q", old.origin_input_ids), old.extra_key))
         toks = array("q", req.origin_input_ids)
         n = len(toks)
         m = cache.match_prefix(

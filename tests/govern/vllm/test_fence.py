@@ -1,25 +1,29 @@
-"""vLLM's internals stay behind one fence (``kvgov/govern/vllm/fence.py``), and the docs say which.
+"""Each engine's internals stay behind its own fence, and the docs say which.
 
-Runs without vLLM (``make test``): every module of the ``kvgov`` package is parsed
-with :mod:`ast`, and any use of a vLLM private name outside the fence fails the
-test with its file and line:
+vLLM's behind ``kvgov/govern/vllm/fence.py``, SGLang's behind
+``kvgov/govern/sglang/fence.py`` (:data:`ENGINES`). Runs without either engine
+(``make test``): every module of the ``kvgov`` package is parsed with :mod:`ast`,
+and any use of an engine's private name outside that engine's fence fails the
+test with its file and line (a fence imports no other engine, so it cannot be
+the place for another engine's internals):
 
 * ``x._name`` where ``x`` is not ``self``/``cls``/``super()`` of a method (a name
   of :data:`ALLOWED_NAMES` excepted, each with its reason);
-* in a class that subclasses a vLLM class (directly, through another such class,
-  or as a mixin beside one), ``self._name`` or ``def _name`` that is not
-  kvgov's own (``_kvgov...``): vLLM's private state, or an override of its
+* in a class that subclasses an engine's class (directly, through another such
+  class, or as a mixin beside one), ``self._name`` or ``def _name`` that is not
+  kvgov's own (``_kvgov...``): the engine's private state, or an override of its
   private methods;
 * an assignment to ``__class__`` (re-classing in place);
-* an assignment to an attribute of a vLLM module or class, or ``setattr`` /
+* an assignment to an attribute of an engine's module or class, or ``setattr`` /
   ``getattr`` / ``hasattr`` / ``delattr`` on one with a computed or private
   name (monkey-patches);
 * ``getattr(x, "_name")`` and friends with a private constant name;
 * vLLM's internals that have no underscore (:data:`INTERNAL_NAMES`).
 
-The table "What kvgov touches in vLLM, and why" of docs/vllm.md is compared with
-the fence's registry ``TOUCHED`` (read from its source, so without vLLM); with
-vLLM installed, every registered name must exist where the registry says.
+Each engine's table "What kvgov touches in <engine>, and why" (docs/vllm.md,
+docs/sglang.md) is compared with its fence's registry ``TOUCHED`` (read from its
+source, so without the engine); with the engine installed, every registered name
+must exist where the registry says.
 """
 
 from __future__ import annotations
@@ -38,9 +42,32 @@ import kvgov
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGE = Path(kvgov.__file__).parent
-FENCE = PACKAGE / "govern" / "vllm" / "fence.py"
-DOC = REPO / "docs" / "vllm.md"
-HEADING = "## What kvgov touches in vLLM, and why"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine kvgov governs through its internals: its package, its fence, its docs."""
+
+    package: str
+    label: str
+    fence: Path
+    doc: Path
+
+    @property
+    def heading(self) -> str:
+        return f"## What kvgov touches in {self.label}, and why"
+
+
+#: Every engine with a fence.
+ENGINES = (
+    Engine("vllm", "vLLM", PACKAGE / "govern" / "vllm" / "fence.py", REPO / "docs" / "vllm.md"),
+    Engine(
+        "sglang", "SGLang", PACKAGE / "govern" / "sglang" / "fence.py", REPO / "docs" / "sglang.md"
+    ),
+)
+LABELS = {e.package: e.label for e in ENGINES}
+VLLM = ENGINES[0]
+FENCE = VLLM.fence
 
 #: Private names allowed on any object, and why.
 ALLOWED_NAMES = {
@@ -81,36 +108,36 @@ class _Scan(ast.NodeVisitor):
 
     tree: ast.Module
     found: list[tuple[int, str]] = field(default_factory=list)
-    vllm_names: set[str] = field(default_factory=set)
-    vllm_classes: set[str] = field(default_factory=set)
+    # name imported from an engine -> the engine's package; class derived from one -> same
+    vllm_names: dict[str, str] = field(default_factory=dict)
+    vllm_classes: dict[str, str] = field(default_factory=dict)
     # the class whose instance ``self`` is, per enclosing function (None: not a method)
     owners: list[str | None] = field(default_factory=list)
     classes: list[tuple[str, set[int]]] = field(default_factory=list)  # name, ids of its body
 
     def run(self) -> list[tuple[int, str]]:
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
-                self.vllm_names.update(a.asname or a.name for a in node.names)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LABELS:
+                engine = (node.module or "").split(".")[0]
+                self.vllm_names.update({a.asname or a.name: engine for a in node.names})
             elif isinstance(node, ast.Import):
                 for a in node.names:
-                    if a.name.split(".")[0] == "vllm":
-                        self.vllm_names.add(a.asname or a.name.split(".")[0])
+                    if a.name.split(".")[0] in LABELS:
+                        self.vllm_names[a.asname or a.name.split(".")[0]] = a.name.split(".")[0]
         defs = [n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef)]
+        names = {d.name for d in defs}
         changed = True
-        while changed:  # vLLM-derived: a vLLM base, a derived base, or a mixin beside one
+        while changed:  # engine-derived: an engine base, a derived base, or a mixin beside one
             changed = False
+            known = {**self.vllm_names, **self.vllm_classes}
             for c in defs:
                 bases = {_root(b) for b in c.bases}
-                if c.name not in self.vllm_classes and bases & (
-                    self.vllm_names | self.vllm_classes
-                ):
-                    self.vllm_classes.add(c.name)
+                engines = [known[b] for b in bases if b in known]
+                if not engines:
+                    continue
+                for name in ({c.name} | (bases & names)) - set(self.vllm_classes):
+                    self.vllm_classes[name] = engines[0]
                     changed = True
-                if bases & (self.vllm_names | self.vllm_classes):
-                    new = {b for b in bases if b is not None} - self.vllm_names - self.vllm_classes
-                    if new & {d.name for d in defs}:
-                        self.vllm_classes |= new & {d.name for d in defs}
-                        changed = True
         self.visit(self.tree)
         return sorted(set(self.found))
 
@@ -119,15 +146,15 @@ class _Scan(ast.NodeVisitor):
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self.classes.append((node.name, {id(item) for item in node.body}))
-        derived = node.name in self.vllm_classes
+        engine = self.vllm_classes.get(node.name)
         for item in node.body:
             if (
-                derived
+                engine is not None
                 and isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
                 and _private(item.name)
                 and not item.name.startswith("_kvgov")
             ):
-                self._flag(item, f"def {item.name}: overrides vLLM's private method")
+                self._flag(item, f"def {item.name}: overrides {LABELS[engine]}'s private method")
         self.generic_visit(node)
         self.classes.pop()
 
@@ -166,15 +193,18 @@ class _Scan(ast.NodeVisitor):
             if not on_self or owner is None:
                 self._flag(node, f"{ast.unparse(node)}: a private name of another object")
             elif owner in self.vllm_classes and not name.startswith("_kvgov"):
-                self._flag(node, f"{ast.unparse(node)}: vLLM's private {name} on a vLLM subclass")
+                label = LABELS[self.vllm_classes[owner]]
+                self._flag(
+                    node, f"{ast.unparse(node)}: {label}'s private {name} on a {label} subclass"
+                )
         self.generic_visit(node)
 
     def _check_target(self, target: ast.expr) -> None:
         if isinstance(target, ast.Attribute):
             if target.attr == "__class__":
                 self._flag(target, f"{ast.unparse(target)} = ...: re-classes an object in place")
-            elif _root(target) in self.vllm_names:
-                self._flag(target, f"{ast.unparse(target)} = ...: patches vLLM")
+            elif (engine := self.vllm_names.get(_root(target) or "")) is not None:
+                self._flag(target, f"{ast.unparse(target)} = ...: patches {LABELS[engine]}")
         elif isinstance(target, ast.Tuple | ast.List):
             for t in target.elts:
                 self._check_target(t)
@@ -197,10 +227,11 @@ class _Scan(ast.NodeVisitor):
         if isinstance(func, ast.Name) and func.id in _REFLECTION and len(node.args) >= 2:
             obj, attr = node.args[0], node.args[1]
             constant = isinstance(attr, ast.Constant) and isinstance(attr.value, str)
-            if _root(obj) in self.vllm_names and (
+            engine = self.vllm_names.get(_root(obj) or "")
+            if engine is not None and (
                 func.id in ("setattr", "delattr") or not constant or _private(str(attr.value))
             ):
-                self._flag(node, f"{ast.unparse(node)}: reflection on vLLM")
+                self._flag(node, f"{ast.unparse(node)}: reflection on {LABELS[engine]}")
             elif (
                 constant
                 and _private(str(attr.value))
@@ -273,27 +304,73 @@ def read(block, request):
     assert sorted(whats) == sorted(expected)
 
 
-def test_no_vllm_private_name_outside_the_fence() -> None:
-    """Only fence.py touches vLLM's private names (kvgov's own names on vLLM objects included)."""
+def test_the_scanner_names_each_engine() -> None:
+    """SGLang's classes, overrides and patches are flagged as SGLang's."""
+    source = """
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+import sglang.srt.mem_cache.allocator as alloc
+
+class Cache(UnifiedRadixCache):
+    def _kvgov_key(self):
+        return self._apply_eviction_result(None)
+
+    def _evict(self):
+        pass
+
+def govern(allocator, cls):
+    allocator.__class__ = cls
+    alloc.PagedTokenToKVPoolAllocator.alloc = govern
+    return super(type(allocator), allocator)._release_page_ids()
+"""
+    whats = [what for _, what in scan_source(source)]
+    expected = [
+        "self._apply_eviction_result: SGLang's private _apply_eviction_result on a SGLang subclass",
+        "def _evict: overrides SGLang's private method",
+        "allocator.__class__ = ...: re-classes an object in place",
+        "alloc.PagedTokenToKVPoolAllocator.alloc = ...: patches SGLang",
+        "super(type(allocator), allocator)._release_page_ids: a private name of another object",
+    ]
+    assert sorted(whats) == sorted(expected)
+
+
+def _engines_imported(source: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found.add((node.module or "").split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found & set(LABELS)
+
+
+def test_no_engine_private_name_outside_its_fence() -> None:
+    """Only an engine's fence touches its private names (kvgov's own names on its objects too).
+
+    The other modules have no violation at all; a fence imports no other engine,
+    so each engine's private names are reached in that engine's fence only.
+    """
     modules = package_modules()
-    assert FENCE in modules and len(modules) > 50
+    fences = {e.fence: e for e in ENGINES}
+    assert set(fences) <= set(modules) and len(modules) > 50
     violations = []
     for path in modules:
-        if path == FENCE:
+        source = path.read_text()
+        engine = fences.get(path)
+        if engine is not None:
+            others = _engines_imported(source) - {engine.package}
+            violations += [f"{path.relative_to(PACKAGE.parent)}: imports {o}" for o in others]
             continue
-        for line, what in scan_source(path.read_text()):
+        for line, what in scan_source(source):
             violations.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {what}")
-    assert violations == [], "use the accessors of kvgov/govern/vllm/fence.py:\n" + "\n".join(
-        violations
-    )
+    assert violations == [], "use the accessors of the engine's fence.py:\n" + "\n".join(violations)
 
 
 # ---------------------------------------------------------------------- the registry and the docs
 
 
-def registry() -> list[tuple[str, ...]]:
-    """The fence's ``TOUCHED``, read from its source (vLLM need not be installed)."""
-    tree = ast.parse(FENCE.read_text())
+def registry(engine: Engine = VLLM) -> list[tuple[str, ...]]:
+    """The fence's ``TOUCHED``, read from its source (the engine need not be installed)."""
+    tree = ast.parse(engine.fence.read_text())
     constants: dict[str, str] = {}
     entries: ast.expr | None = None
     for node in tree.body:
@@ -319,17 +396,17 @@ def registry() -> list[tuple[str, ...]]:
 
 
 def render(row: tuple[str, ...]) -> str:
-    """A registry entry as its docs/vllm.md table row."""
+    """A registry entry as its docs table row."""
     name, kind, where, why, versions = row
     return f"| `{name}` | {kind} | `{where}` | {why} | {versions} |"
 
 
-def doc_rows() -> list[str]:
+def doc_rows(engine: Engine = VLLM) -> list[str]:
     """The rows of the docs' table (after its header and separator)."""
-    lines = DOC.read_text().splitlines()
-    assert HEADING in lines, f"docs/vllm.md has no section {HEADING!r}"
+    lines = engine.doc.read_text().splitlines()
+    assert engine.heading in lines, f"{engine.doc.name} has no section {engine.heading!r}"
     rows: list[str] = []
-    for line in lines[lines.index(HEADING) + 1 :]:
+    for line in lines[lines.index(engine.heading) + 1 :]:
         if line.startswith("|"):
             rows.append(line)
         elif rows or line.startswith("#"):
@@ -337,19 +414,36 @@ def doc_rows() -> list[str]:
     return rows[2:]
 
 
-def test_the_docs_table_is_the_fence_registry() -> None:
-    """docs/vllm.md lists exactly what the fence touches, in the registry's order."""
-    expected = [render(r) for r in registry()]
-    assert doc_rows() == expected, "docs/vllm.md's table should read:\n" + "\n".join(expected)
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.package)
+def test_the_docs_table_is_the_fence_registry(engine: Engine) -> None:
+    """The engine's docs list exactly what its fence touches, in the registry's order."""
+    expected = [render(r) for r in registry(engine)]
+    assert doc_rows(engine) == expected, f"{engine.doc.name}'s table should read:\n" + "\n".join(
+        expected
+    )
 
 
-def test_the_registry_names_what_the_fence_touches() -> None:
+def _accessors(engine: Engine) -> str:
+    """The fence's code after its ``TOUCHED`` registry (the accessors)."""
+    source = engine.fence.read_text()
+    tree = ast.parse(source)
+    end = next(
+        n.end_lineno
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign | ast.Assign)
+        and "TOUCHED" in ast.unparse(n.target if isinstance(n, ast.AnnAssign) else n.targets[0])
+    )
+    return "\n".join(source.splitlines()[end:])
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.package)
+def test_the_registry_names_what_the_fence_touches(engine: Engine) -> None:
     """Every private name the fence reaches is registered, and every registered one is reached."""
-    source = FENCE.read_text()
-    code = source[source.index("\ndef block_hash(") :]  # the accessors, after TOUCHED
+    code = _accessors(engine)
+    assert code.strip()
     reached = set(re.findall(r"\.(_[a-z]\w*)", code)) | set(re.findall(r'"(_[a-z]\w*)"', code))
     reached |= {n for n in INTERNAL_NAMES if re.search(rf"\.{n}\b", code)}
-    registered = {r[0].rpartition(".")[2] for r in registry() if "." in r[0]}
+    registered = {r[0].rpartition(".")[2] for r in registry(engine) if "." in r[0]}
     assert reached - registered == set()
     assert {n for n in registered if not re.search(rf"\b{n}\b", code)} == set()
 
@@ -357,8 +451,13 @@ def test_the_registry_names_what_the_fence_touches() -> None:
 @pytest.mark.vllm
 def test_every_registered_name_exists_in_the_installed_vllm() -> None:
     """Each name is where the registry says, in the vLLM installed (0.32 or 0.33)."""
+    missing = _missing(VLLM)
+    assert missing == []
+
+
+def _missing(engine: Engine) -> list[str]:
     missing = []
-    for name, kind, where, _, versions in registry():
+    for name, kind, where, _, versions in registry(engine):
         cls_name, _, attr = name.partition(".")
         module = importlib.import_module(where)
         cls = getattr(module, cls_name, None)
@@ -369,4 +468,11 @@ def test_every_registered_name_exists_in_the_installed_vllm() -> None:
             continue  # a re-class, or kvgov's own name on a vLLM object
         if not hasattr(cls, attr) and not re.search(rf"\b{attr}\b", inspect.getsource(cls)):
             missing.append(f"{where}.{name} ({kind}; {versions})")
-    assert missing == []
+    return missing
+
+
+@pytest.mark.sglang
+def test_every_registered_name_exists_in_the_installed_sglang() -> None:
+    """Each name is where the registry says, in the SGLang installed (0.5.23)."""
+    pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
+    assert _missing(ENGINES[1]) == []

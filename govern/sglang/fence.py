@@ -1,0 +1,121 @@
+"""SGLang's internals behind one fence: every private name of SGLang that kvgov touches.
+
+SGLang gives kvgov a public way in (a general plugin, ``register_radix_cache_backend``,
+``create_unified_radix_cache(ctx, cache_class=...)``, a subclass of ``UnifiedRadixCache``
+that overrides its public methods), but zeroing every page that leaves an owner
+needs one private path of SGLang's allocator: ``_release_page_ids``, where every
+page the allocator takes back passes (frees, evictions, the duplicates an insert
+exposed). This module is the only place in kvgov that reads, writes, calls,
+overrides or re-classes a private name of SGLang; ``tests/govern/vllm/test_fence.py``
+fails on one used anywhere else (each engine's private names only in that
+engine's fence).
+
+:data:`TOUCHED` lists every name, with where it lives in SGLang, why kvgov needs
+it and what differs by version; docs/sglang.md's table "What kvgov touches in
+SGLang, and why" is checked against it. An upgrade of SGLang starts here.
+Needs SGLang only when an accessor runs (the registry reads without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from kvgov.exceptions import UnsupportedEngine
+
+__all__ = ["TOUCHED", "Touch", "govern_allocator"]
+
+
+class Touch(NamedTuple):
+    """One name of SGLang's that kvgov touches (a row of docs/sglang.md's table)."""
+
+    #: ``Class.name`` in SGLang (or ``Class`` for a re-class).
+    name: str
+    #: private method (call), override, re-class.
+    kind: str
+    #: The SGLang module that defines it.
+    where: str
+    #: Why kvgov needs it.
+    why: str
+    #: What changes by version.
+    versions: str
+
+
+_TESTED = "tested on 0.5.23"
+
+#: Every SGLang internal this module touches; docs/sglang.md's table is checked against it.
+TOUCHED: tuple[Touch, ...] = (
+    Touch(
+        "PagedTokenToKVPoolAllocator",
+        "re-class",
+        "sglang.srt.mem_cache.allocator",
+        "the allocator SGLang built becomes a governed subclass in place: the tree, the "
+        "scheduler and the KV pool keep pointing at the same object",
+        _TESTED,
+    ),
+    Touch(
+        "PagedTokenToKVPoolAllocator._release_page_ids",
+        "override",
+        "sglang.srt.mem_cache.allocator",
+        "every page the allocator takes back passes here (frees, evictions, an insert's "
+        "duplicates): noted for zeroing before any alloc can hand it out again",
+        _TESTED,
+    ),
+)
+
+
+# ---------------------------------------------------------------------- the allocator
+
+
+def govern_allocator(
+    allocator: Any, release: Callable[[Any], None], flush: Callable[[], Any]
+) -> None:
+    """Re-class SGLang's paged allocator in place: released pages are noted, zeroed before reuse.
+
+    Args:
+        allocator: SGLang's ``PagedTokenToKVPoolAllocator`` (or a subclass).
+        release: called with each tensor of page ids the allocator takes back.
+        flush: called before every ``alloc*`` (zeroes what is pending; cheap when nothing is).
+
+    Raises:
+        UnsupportedEngine: the allocator has no ``_release_page_ids`` (not paged).
+    """
+    base = type(allocator)
+    if base in _GOVERNED.values():  # governed already (a second cache on the same pool)
+        base = base.__mro__[1]
+    if not hasattr(base, "_release_page_ids"):
+        raise UnsupportedEngine(
+            f"the allocator {base.__name__} (not paged)", "run with a paged KV allocator"
+        )
+    cls = _GOVERNED.get(base)
+    if cls is None:
+        cls = type(f"Governed{base.__name__}", (base,), dict(_METHODS))
+        _GOVERNED[base] = cls
+    allocator.kvgov_release = release
+    allocator.kvgov_flush = flush
+    allocator.__class__ = cls
+
+
+_GOVERNED: dict[type, type] = {}
+
+
+def _release_page_ids(self: Any, *page_ids: Any) -> None:
+    release = self.kvgov_release
+    for ids in page_ids:
+        release(ids)
+    super(type(self), self)._release_page_ids(*page_ids)
+
+
+def _flushing(name: str) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.kvgov_flush()
+        return getattr(super(type(self), self), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+_METHODS: dict[str, Any] = {
+    "_release_page_ids": _release_page_ids,
+    **{n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")},
+}
