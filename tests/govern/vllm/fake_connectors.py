@@ -66,3 +66,15 @@ class SaltRecorder(_Scheduler):
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
         self.seen.append((request.request_id, request.cache_salt))
         return 0, False
+
+
+class AsyncLoader(_Scheduler):
+    """Offers every full prompt block but the last as an async load; frees late (delay_free)."""
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        block_size = self._vllm_config.cache_config.block_size
+        n = (request.num_tokens - 1) // block_size
+        return max(0, n * block_size - num_computed_tokens), True
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        return True, None

@@ -142,3 +142,36 @@ def test_a_cache_salt_connector_gets_a_consistent_keyed_chain(vllm: Any) -> None
     vllm.run(sched, vllm.request("a1", PROMPT, tenant="A", salt="s"))
     assert vllm.hit(sched, vllm.request("a2", PROMPT, tenant="A", salt="s")) >= 9 * 16
     assert vllm.hit(sched, vllm.request("b1", PROMPT, tenant="B", salt="s")) == 0
+
+
+def test_blocks_an_async_load_fills_are_not_zeroed_before_the_load_ends(vllm: Any) -> None:
+    """Aborted while its KV loads: its blocks are zeroed only once the connector releases them."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    loader = MODULE + ".AsyncLoader"
+    sched = vllm.scheduler(
+        kv_transfer_config=_transfer("AsyncLoader"),
+        kvgov={"connector_kinds": {loader: "block_hashes"}},
+    )
+    sched.add_request(vllm.request("a1", PROMPT, tenant="A"))
+    so = sched.schedule()
+    loading = set(sched.kv_cache_manager.get_block_ids("a1")[0])
+    assert len(loading) >= 9
+    sched.update_from_output(so, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    sched.finish_requests("a1", RequestStatus.FINISHED_ABORTED)
+    for _ in range(3):  # the load is still running: nothing of it may be zeroed
+        so = sched.schedule()
+        assert not loading & set(so.new_block_ids_to_zero or ())
+        sched.update_from_output(so, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    done = KVConnectorOutput(finished_recving={"a1"})  # the load ended: vLLM frees them
+    so = sched.schedule()
+    sched.update_from_output(
+        so, ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=done)
+    )
+    zeroed: set[int] = set()
+    for _ in range(3):
+        so = sched.schedule()
+        zeroed |= set(so.new_block_ids_to_zero or ())
+        sched.update_from_output(so, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    assert loading <= zeroed
