@@ -4,8 +4,8 @@
   (possible only in a share group's namespace) is judged by the sharing policy
   and cut at the first refusal, before vLLM commits it;
 * ``allocate_slots`` (the commit: hit blocks referenced, new blocks handed out):
-  the binding records the new blocks' owner and audits the admission and the
-  reuse vLLM actually committed.
+  the binding records the new blocks' owner (the blocks a KV connector's load
+  fills included) and audits the admission and the reuse vLLM actually committed.
 
 Adopted in place, like the pool: the scheduler's ``kv_cache_manager`` is
 re-classed, nothing else changes.
@@ -64,6 +64,7 @@ class GovernedKVCacheManager(KVCacheManager):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
+        local = request.num_computed_tokens + num_new_computed_tokens
         result = super().allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs
         )
@@ -73,6 +74,11 @@ class GovernedKVCacheManager(KVCacheManager):
             if num_new_computed_tokens and new_computed_blocks is not None:
                 hit = new_computed_blocks.blocks[0][: num_new_computed_tokens // binding.block_size]
             new = result.blocks[0] if result.blocks else ()
+            external = args[1] if len(args) > 1 else kwargs.get("num_external_computed_tokens", 0)
+            if external:  # blocks a connector's load fills: allocated, not in the result
+                bs = binding.block_size
+                loaded = self.get_blocks(request.request_id).blocks[0]
+                new = [*loaded[local // bs : (local + external) // bs], *new]
             state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
                 binding.allocated(request, new, hit)

@@ -12,7 +12,8 @@ points vLLM itself calls:
 
 ================================  ==================================================
 ``__init__``                      refuses what is not governed; adopts vLLM's pool and
-                                  manager; opens the governor (settings, policy, audit)
+                                  manager; opens the governor (settings, policy, audit);
+                                  governs the KV connector by kind or refuses it by name
 ``add_request``                   scope, admission, namespace, keyed hasher; a refused
                                   request is kept out of the queues
 ``schedule``                      retention sweep first (vLLM's own schedule follows)
@@ -52,9 +53,11 @@ from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 from ..erasure import SCOPE_FILTERS
 from . import fence, plugin
 from .binding import VllmGovernance
+from .connectors import ConnectorGovernance
 from .manager import GovernedKVCacheManager
 from .pool import GovernedBlockPool
 from .request_state import RequestGovernance
+from .settings import BindingSettings
 
 __all__ = ["GovernedAsyncScheduler", "GovernedScheduler", "GovernedSchedulerMixin"]
 
@@ -74,6 +77,8 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
     kvgov_clock: ClassVar[Callable[[], float]] = staticmethod(time.time)
     #: The binding; None until ``__init__`` opened it.
     kvgov: VllmGovernance | None = None
+    #: The KV connector's governance; None without a connector.
+    kvgov_connector: ConnectorGovernance | None = None
 
     # vLLM's scheduler attributes the governance uses (set by vLLM's __init__)
     vllm_config: Any
@@ -81,6 +86,7 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
     kv_cache_manager: Any
     hash_block_size: int
     requests: dict[str, Any]
+    connector: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         plugin.check_registered()
@@ -99,6 +105,14 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         )
         GovernedKVCacheManager.adopt(self.kv_cache_manager, binding)
         self.kvgov = binding
+        if self.connector is not None:
+            try:
+                self.kvgov_connector = ConnectorGovernance.attach(
+                    binding, self.connector, connector_kinds(self.vllm_config)
+                )
+            except BaseException:
+                binding.close()
+                raise
         #: read by the plugin's engine hook: the engine need not hash requests
         self.kvgov_defers_hashing = True
 
@@ -111,6 +125,8 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
             return
         refusal = binding.admit(request)
         if refusal is None:
+            if self.kvgov_connector is not None:
+                self.kvgov_connector.admitted(request)
             super().add_request(request)  # type: ignore[misc]
             return
         # known (so an abort finds it), never queued nor scheduled, finished with the
@@ -249,8 +265,9 @@ def _check_governable(sched: Any) -> None:
         UnsupportedEngine: more than one KV cache group (hybrid attention,
             encoder-decoder cross attention, Mamba), a group that is not plain full
             attention (sliding window, chunked local, sink, HiSparse), a hash block
-            size other than the block size, lookahead hashing (EAGLE/MTP) or a KV
-            connector (external KV bypasses the keys).
+            size other than the block size or lookahead hashing (EAGLE/MTP). A KV
+            connector is classified after the binding opened
+            (:mod:`.connectors`: governed by kind, or refused by name).
     """
     groups = sched.kv_cache_config.kv_cache_groups
     if len(groups) != 1:
@@ -278,11 +295,12 @@ def _check_governable(sched: Any) -> None:
             "lookahead block hashing (EAGLE / MTP speculative decoding)",
             "serve without a drafter that needs lookahead hashing",
         )
-    if sched.connector is not None:
-        raise UnsupportedEngine(
-            "a KV connector (its external hits bypass the scoped keys)",
-            "serve without --kv-transfer-config",
-        )
+
+
+def connector_kinds(vllm_config: Any) -> Any:
+    """The ``connector_kinds`` setting (operator-vouched connector classes), or None."""
+    additional = getattr(vllm_config, "additional_config", None)
+    return BindingSettings.load(additional, os.environ).connector_kinds
 
 
 def _plain(result: Any) -> Any:

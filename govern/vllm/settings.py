@@ -68,6 +68,9 @@ class BindingSettings:
         model_revision: the model revision to key under, overriding the engine's
             (which is None for a local path); invalidation matches on it.
         tokenizer_revision: the same for the tokenizer.
+        connector_kinds: third-party KV connector classes the operator vouches for,
+            ``{"package.module.ClassName": "block_hashes" | "cache_salt"}``
+            (:mod:`kvgov.govern.vllm.connectors`); from the environment as JSON text.
     """
 
     audit_url: str = defaults.AUDIT_URL
@@ -84,6 +87,7 @@ class BindingSettings:
     scope_token_max_ttl: float = defaults.SCOPE_TOKEN_MAX_TTL_SECONDS
     model_revision: str | None = None
     tokenizer_revision: str | None = None
+    connector_kinds: Mapping[str, Any] | None = None
 
     @classmethod
     def load(
@@ -145,7 +149,7 @@ class BindingSettings:
 SETTINGS = tuple(f.name for f in fields(BindingSettings))
 _BOOLS = {"ephemeral_secret", "require_scope_token"}
 _FLOATS = {"scope_token_max_ttl"}
-_MAPPINGS = {"policy_data"}
+_MAPPINGS = {"policy_data", "connector_kinds"}
 
 
 def _check(setting: str, value: Any, *, from_env: bool, field: str | None = None) -> Any:

@@ -41,8 +41,8 @@ def test_a_cache_layout_kvgov_does_not_govern_is_refused(
         vllm.scheduler(specs=[_spec(s) for s in specs])
 
 
-def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
-    """External KV loads bypass the scoped keys: a KV connector is refused at start."""
+def test_a_kv_connector_keyed_by_tokens_is_refused(vllm: Any, tmp_path: Path) -> None:
+    """A connector keyed by token ids alone would bypass the scoped keys: refused at start."""
     from vllm.config import KVTransferConfig
 
     connector = KVTransferConfig(
@@ -50,7 +50,7 @@ def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
         kv_role="kv_both",
         kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
     )
-    with pytest.raises(UnsupportedEngine, match="KV connector"):
+    with pytest.raises(UnsupportedEngine, match=r"KV connector .*ExampleConnector"):
         vllm.scheduler(kv_transfer_config=connector)
 
 

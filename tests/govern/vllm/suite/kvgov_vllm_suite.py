@@ -12,7 +12,12 @@ replaces the names vLLM's tests build from: ``tests.v1.core.utils.Scheduler`` /
 builds); after collection, the names ``Scheduler`` / ``AsyncScheduler`` /
 ``BlockPool`` the test modules imported themselves. vLLM's test requests carry no
 kvgov scope, so the engine runs with a default one (``KVGOV_DEFAULT_*``) and an
-ephemeral secret; the audit trail goes to a temporary SQLite file.
+ephemeral secret; the audit trail goes to a temporary SQLite file. vLLM's test
+connectors are declared in ``connector_kinds`` (``KVGOV_CONNECTOR_KINDS``) as
+``block_hashes`` connectors: ``MockKVConnector`` offers a fixed number of tokens
+(it keys by nothing), ``ExampleConnector`` stands in for a connector the tests drive
+through the scheduler; outside this suite ``ExampleConnector`` is refused (it ignores
+``cache_salt``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ _DEFAULTS = {
     "KVGOV_DEFAULT_CLASSIFICATION": "internal",
     "KVGOV_DEFAULT_TEMPLATE": "none",
     "KVGOV_EPHEMERAL_SECRET": "1",
+    "KVGOV_CONNECTOR_KINDS": (
+        '{"tests.v1.kv_connector.unit.utils.MockKVConnector": "block_hashes", '
+        '"vllm.distributed.kv_transfer.kv_connector.v1.example_connector.ExampleConnector": '
+        '"block_hashes"}'
+    ),
 }
 
 
