@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import create_engine, inspect, text
 
@@ -26,9 +27,11 @@ from kvgov.audit import (
     verify,
 )
 from kvgov.audit import store as store_mod
+from kvgov.audit.queries import AuditQueries
 from kvgov.audit.signing import SigningKey, public_key_from_raw
 from kvgov.audit.spool import Spool
 from kvgov.audit.store import normalize_url
+from kvgov.cli.audit import audit_group
 from kvgov.exceptions import AuditDowngradeRefused
 from tests.support.pg_proxy import ProxiedPg
 
@@ -247,17 +250,47 @@ def test_postgresql_spool_keeps_the_format(pg_proxy: ProxiedPg, tmp_path: Path) 
 
 
 def test_a_spool_written_before_format2_replays_as_format1(db_url: str, tmp_path: Path) -> None:
-    """A leftover spool from the old writer (no chain_format) replays as format 1; the
-    stream goes on in format 2, and the whole verifies against the old writer's key."""
+    """A leftover spool from the old writer (no chain_format, no seals) replays as format 1
+    where no signing key is configured (a spool nothing can authenticate, as documented);
+    the stream goes on in format 2."""
     spool = tmp_path / "old.spool.jsonl"
     spool.write_text("\n".join(TRAIL["spool_lines"]) + "\n", encoding="utf-8")
     assert _spooled_formats_or_none(spool) == [None] * 6
-    with AuditLog(db_url, "old-spool", signing_key=KEY, spool_path=spool) as log:
+    with AuditLog(db_url, "old-spool", spool_path=spool) as log:
         assert log.record(sample_event(1)) == "old-spool:7"
     assert not spool.exists()
     assert list(_formats(db_url, "old-spool").values()) == [1] * 6 + [2]
+    # the old events verify under the old writer's key; only the new one (signed by this
+    # process's ephemeral key) is outside the trusted checkpoints
     report = verify(db_url, [PUB], require_checkpoints=True, max_unsigned_events=0)
-    assert report.ok, report.problems
+    assert {(p.seq, p.kind) for p in report.problems} <= {
+        (7, "untrusted_key"),
+        (7, "unsigned_tail"),
+    }
+
+
+def test_an_unsealed_old_spool_under_a_configured_key_is_quarantined_then_replayed(
+    db_url: str, tmp_path: Path
+) -> None:
+    """With the writers' key configured, a spool without seals (an older kvgov, or a forgery
+    by someone who can write the spool directory) is not replayed unauthenticated: it is
+    quarantined and an audit_gap says so. After review, ``quarantine replay`` stores the old
+    events in format 1, and verify shows the interruption exactly where the gap event is."""
+    spool = tmp_path / "old.spool.jsonl"
+    spool.write_text("\n".join(TRAIL["spool_lines"]) + "\n", encoding="utf-8")
+    with AuditLog(db_url, "old-spool", signing_key=KEY, spool_path=spool) as log:
+        assert log.record(sample_event(1)) == "old-spool:8"
+    assert list(_formats(db_url, "old-spool")) == [7, 8]
+    with AuditQueries(db_url) as q:
+        (gap,) = q.events(type="audit_gap")
+    assert gap.event_id == "old-spool:7"
+    result = CliRunner().invoke(
+        audit_group, ["quarantine", "replay", "--url", db_url, "--spool", str(spool)]
+    )
+    assert result.exit_code == 0, result.output
+    assert list(_formats(db_url, "old-spool").values()) == [1] * 6 + [2, 2]
+    report = verify(db_url, [PUB], require_checkpoints=True, max_unsigned_events=0)
+    assert [(p.seq, p.kind) for p in report.problems] == [(7, "broken_link")]
 
 
 def _spooled_formats_or_none(path: Path) -> list[int | None]:
