@@ -14,31 +14,54 @@ pytestmark = pytest.mark.vllm
 PROMPT = list(range(500, 660))
 
 
-def _spec(kind: str) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+def _layout(managers: list[str], block_sizes: list[int]) -> tuple[Any, Any]:
+    """A KV cache config and a hybrid coordinator as vLLM builds them (only what is read)."""
+    from types import SimpleNamespace
 
-    if kind == "sliding":
-        return SlidingWindowSpec(
-            block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=64
-        )
-    return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    from vllm.v1.core import single_type_kv_cache_manager as managers_module
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    coordinator = object.__new__(HybridKVCacheCoordinator)
+    coordinator.single_type_managers = tuple(
+        object.__new__(getattr(managers_module, name)) for name in managers
+    )
+    config = SimpleNamespace(
+        kv_cache_groups=[
+            SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=size)) for size in block_sizes
+        ]
+    )
+    return config, coordinator
 
 
 @pytest.mark.parametrize(
-    ("specs", "what"),
+    ("managers", "sizes", "what"),
     [
-        (["full", "sliding"], "a KV cache of 2 groups"),
-        (["sliding"], "SlidingWindowManager"),
+        (["FullAttentionManager", "SinkFullAttentionManager"], [16, 16], "SinkFullAttention"),
+        (["FullAttentionManager", "RSWAManager"], [16, 16], "RSWAManager"),
+        (["FullAttentionManager", "MambaManager"], [16, 16], "Mamba state group"),
+        (["FullAttentionManager", "SlidingWindowManager"], [16, 32], "blocks of 32 tokens"),
     ],
-    ids=["hybrid", "sliding-window"],
+    ids=["sink-attention", "r-swa", "mamba", "two-block-sizes"],
 )
 def test_a_cache_layout_kvgov_does_not_govern_is_refused(
-    vllm: Any, specs: list[str], what: str
+    managers: list[str], sizes: list[int], what: str
 ) -> None:
-    """Hybrid or non-full-attention KV caches: refused at start, never run ungoverned."""
+    """Groups kvgov does not govern (attention sinks, R-SWA, Mamba state, partial-block
+    caching across block sizes): refused at start, never run ungoverned."""
+    from kvgov.govern.vllm.groups import check_groups
+
+    config, coordinator = _layout(managers, sizes)
     with pytest.raises(UnsupportedEngine, match=what):
-        vllm.scheduler(specs=[_spec(s) for s in specs])
+        check_groups(config, coordinator, 16)
+
+
+def test_the_governed_layouts_pass_the_check() -> None:
+    """Full, sliding-window, chunked local and cross attention, in one hybrid cache."""
+    from kvgov.govern.vllm.groups import GOVERNED_MANAGERS, check_groups
+
+    names = [m.__name__ for m in GOVERNED_MANAGERS]
+    config, coordinator = _layout(names, [16] * len(names))
+    check_groups(config, coordinator, 16)
 
 
 def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
