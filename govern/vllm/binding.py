@@ -80,6 +80,7 @@ class VllmGovernance:
         pool: vLLM's pool, adopted.
         resolver: request -> scope.
         block_size: tokens per block (vLLM's block size, equal to its hash block size).
+        lookahead: tokens after each block its hash covers (EAGLE/MTP lookahead hashing).
     """
 
     def __init__(
@@ -89,8 +90,10 @@ class VllmGovernance:
         pool: GovernedBlockPool,
         resolver: ScopeResolver,
         block_size: int,
+        lookahead: int = 0,
     ) -> None:
         self.gov = governor
+        self.lookahead = lookahead
         self.pool = pool
         self.resolver = resolver
         self.block_size = block_size
@@ -161,7 +164,13 @@ class VllmGovernance:
                 block_size=block_size,
                 clock=clock,
             )
-            return cls(governor=governor, pool=pool, resolver=resolver, block_size=block_size)
+            return cls(
+                governor=governor,
+                pool=pool,
+                resolver=resolver,
+                block_size=block_size,
+                lookahead=fence.hash_lookahead_tokens(vllm_config),
+            )
         except BaseException:
             parts.close()
             raise
@@ -254,6 +263,7 @@ class VllmGovernance:
             deriver=gov.deriver,
             block_size=self.block_size,
             has_extra=has_extra_keys(request),
+            lookahead=self.lookahead,
         )
         fence.set_governance(request, state)
         if fence.block_hasher(request) is not None:  # None: prefix caching is off, nothing hashed

@@ -243,17 +243,12 @@ def _check_governable(sched: Any) -> None:
     Raises:
         UnsupportedEngine: a KV cache group kvgov does not govern (Mamba state,
             sink, R-SWA, HiSparse, circular buffers: :func:`.groups.check_groups`),
-            a hash block size other than a group's block size, lookahead hashing
-            (EAGLE/MTP) or a KV connector (external KV bypasses the keys).
+            a hash block size other than a group's block size, or a KV connector
+            (external KV bypasses the keys).
     """
     groups.check_groups(
         sched.kv_cache_config, sched.kv_cache_manager.coordinator, sched.hash_block_size
     )
-    if fence.hash_lookahead_tokens(sched.vllm_config):
-        raise UnsupportedEngine(
-            "lookahead block hashing (EAGLE / MTP speculative decoding)",
-            "serve without a drafter that needs lookahead hashing",
-        )
     if sched.connector is not None:
         raise UnsupportedEngine(
             "a KV connector (its external hits bypass the scoped keys)",

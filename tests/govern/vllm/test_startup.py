@@ -77,13 +77,25 @@ def test_a_kv_connector_is_refused(vllm: Any, tmp_path: Path) -> None:
         vllm.scheduler(kv_transfer_config=connector)
 
 
-def test_lookahead_hashing_is_refused(vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """EAGLE/MTP lookahead hashing (vLLM 0.33) is not mirrored by kvgov's chain: refused."""
+def test_lookahead_hashing_keys_the_tokens_after_each_block(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EAGLE/MTP lookahead hashing (vLLM 0.33) is governed: a block's key also covers the
+    token after it, in the request's scope, so a block is reused only by a request that
+    continues it the same way (and never by another tenant)."""
     from kvgov.govern.vllm import fence
 
     monkeypatch.setattr(fence, "hash_lookahead_tokens", lambda config: 1)
-    with pytest.raises(UnsupportedEngine, match="lookahead"):
-        vllm.scheduler()
+    sched = vllm.scheduler()
+    assert sched.kvgov.lookahead == 1
+    first = vllm.request("first", PROMPT)  # 160 tokens: 10 blocks, 9 keyed (the 10th has no next)
+    sched.add_request(first)
+    assert len(first.block_hashes) == 9
+    vllm.run(sched)
+    same = list(PROMPT[:32]) + [7] + list(PROMPT[33:])  # block 2 starts with another token
+    assert vllm.hit(sched, vllm.request("other-next", same)) == 16  # block 1 no longer matches
+    assert vllm.hit(sched, vllm.request("again", PROMPT)) == 144
+    assert vllm.hit(sched, vllm.request("globex", PROMPT, tenant="globex")) == 0
 
 
 @pytest.mark.parametrize(
