@@ -16,8 +16,8 @@ extra keys hashes exactly as in kvgov's own cache. With lookahead hashing (vLLM
 0.33's EAGLE/MTP drafters: ``num_hash_lookahead_tokens`` L > 0) a block is keyed
 once the L tokens after it exist, and its extra keys are vLLM's lookahead ones,
 ``(ExtraKeys over the block and those tokens, *those tokens)``: the drafter's KV
-at the block's last position depends on them, so two continuations never share it. vLLM's own hash (sha256 by
-default) does not run in addition: the general plugin gives the engine a
+at the block's last position depends on them, so two continuations never share it.
+vLLM's own hash (sha256 by default) does not run in addition: the general plugin gives the engine a
 hasher that hashes nothing (:func:`deferred_block_hasher`).
 """
 

@@ -92,7 +92,7 @@ def test_lookahead_hashing_keys_the_tokens_after_each_block(
     sched.add_request(first)
     assert len(first.block_hashes) == 9
     vllm.run(sched)
-    same = list(PROMPT[:32]) + [7] + list(PROMPT[33:])  # block 2 starts with another token
+    same = [*PROMPT[:32], 7, *PROMPT[33:]]  # block 2 starts with another token
     assert vllm.hit(sched, vllm.request("other-next", same)) == 16  # block 1 no longer matches
     assert vllm.hit(sched, vllm.request("again", PROMPT)) == 144
     assert vllm.hit(sched, vllm.request("globex", PROMPT, tenant="globex")) == 0
