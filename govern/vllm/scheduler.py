@@ -246,14 +246,14 @@ def _check_governable(sched: Any) -> None:
             a hash block size other than a group's block size, or a KV connector
             (external KV bypasses the keys).
     """
-    groups.check_groups(
-        sched.kv_cache_config, sched.kv_cache_manager.coordinator, sched.hash_block_size
-    )
-    if sched.connector is not None:
+    if sched.connector is not None:  # first: whatever the layout, a connector bypasses the keys
         raise UnsupportedEngine(
             "a KV connector (its external hits bypass the scoped keys)",
             "serve without --kv-transfer-config",
         )
+    groups.check_groups(
+        sched.kv_cache_config, sched.kv_cache_manager.coordinator, sched.hash_block_size
+    )
 
 
 def _plain(result: Any) -> Any:
