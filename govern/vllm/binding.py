@@ -58,6 +58,7 @@ from ..scope_resolver import EngineScope, ScopeResolver, revision_of
 from ..scope_token import ScopeTokenVerifier
 from ..stats import CacheStats
 from . import fence
+from .groups import hit_positions
 from .pool import GovernedBlockPool, VllmPoolAdapter
 from .request_state import RequestGovernance
 from .requests import governed_block_hasher, has_extra_keys
@@ -79,6 +80,7 @@ class VllmGovernance:
         pool: vLLM's pool, adopted.
         resolver: request -> scope.
         block_size: tokens per block (vLLM's block size, equal to its hash block size).
+        lookahead: tokens after each block its hash covers (EAGLE/MTP lookahead hashing).
     """
 
     def __init__(
@@ -88,8 +90,10 @@ class VllmGovernance:
         pool: GovernedBlockPool,
         resolver: ScopeResolver,
         block_size: int,
+        lookahead: int = 0,
     ) -> None:
         self.gov = governor
+        self.lookahead = lookahead
         self.pool = pool
         self.resolver = resolver
         self.block_size = block_size
@@ -160,7 +164,13 @@ class VllmGovernance:
                 block_size=block_size,
                 clock=clock,
             )
-            return cls(governor=governor, pool=pool, resolver=resolver, block_size=block_size)
+            return cls(
+                governor=governor,
+                pool=pool,
+                resolver=resolver,
+                block_size=block_size,
+                lookahead=fence.hash_lookahead_tokens(vllm_config),
+            )
         except BaseException:
             parts.close()
             raise
@@ -253,6 +263,7 @@ class VllmGovernance:
             deriver=gov.deriver,
             block_size=self.block_size,
             has_extra=has_extra_keys(request),
+            lookahead=self.lookahead,
         )
         fence.set_governance(request, state)
         if fence.block_hasher(request) is not None:  # None: prefix caching is off, nothing hashed
@@ -268,35 +279,63 @@ class VllmGovernance:
 
     # ------------------------------------------------------------------ lookup and commit
 
-    def judge_hit(self, request: Any, hit_blocks: Sequence[Any]) -> int:
-        """How many leading hit blocks the request may use (its lookup just found them).
+    def judge_hit(self, request: Any, hit_groups: Sequence[Sequence[Any]], hit_tokens: int) -> int:
+        """How many leading tokens of the hit the request may use (its lookup just found it).
 
         A request that publishes in its tenant's namespace finds only its tenant's
         blocks there; in a share group, owners of other tenants are judged by the
-        sharing policy, the hit is cut at the first refusal (audited), and the
-        granting decisions are kept for the reuse audit at commit.
+        sharing policy over the blocks of every KV cache group in prefix order, the
+        hit is cut at the first refusal (audited), and the granting decisions are
+        kept for the reuse audit at commit.
+
+        Args:
+            request: vLLM's request.
+            hit_groups: per KV cache group, the blocks the lookup found (a sliding
+                window's are padded with the null block).
+            hit_tokens: the tokens the hit covers.
+
+        Returns:
+            ``hit_tokens`` when every block may be used, else the tokens before the
+            first refused block (a multiple of the block size).
         """
         state: RequestGovernance | None = fence.governance_of(request)
-        if state is None or not state.shared or not hit_blocks:
-            return len(hit_blocks)
+        if state is None or not state.shared or not hit_tokens:
+            return hit_tokens
         self.drain()
         gov = self.gov
+        found = hit_positions(hit_groups)
         verdict = sharing.judge(
             gov.ledger,
             gov.policy,
             gov.audit,
             state.view,
-            [b.block_id for b in hit_blocks],
+            [block_id for _, block_id in found],
             state.seq_id,
         )
         state.granted = verdict.granted
-        return verdict.keep
+        if verdict.keep >= len(found):
+            return hit_tokens
+        return found[verdict.keep][0] * self.block_size
 
-    def allocated(self, request: Any, new_blocks: Sequence[Any], hit_blocks: Sequence[Any]) -> None:
+    def allocated(
+        self,
+        request: Any,
+        new_blocks: Sequence[Any],
+        hit_blocks: Sequence[Any],
+        *,
+        hit_tokens: int | None = None,
+    ) -> None:
         """vLLM gave the request ``new_blocks`` and committed the hit ``hit_blocks``.
 
         Records the owner of the new blocks; audits the admission the first time and
         every committed reuse (the owner and requester tenants, tokens reused).
+
+        Args:
+            request: vLLM's request.
+            new_blocks: the blocks handed out, of every KV cache group.
+            hit_blocks: the hit blocks committed, of every KV cache group.
+            hit_tokens: the tokens the hit covers (default: one block's tokens per
+                hit block, right for a single group).
         """
         state: RequestGovernance | None = fence.governance_of(request)
         if state is None:
@@ -321,7 +360,7 @@ class VllmGovernance:
                 cacheable=state.cacheable,
                 ttl=state.plan.ttl,
                 requested_priority=None,
-                cached_tokens=len(hit_ids) * self.block_size,
+                cached_tokens=len(hit_ids) * self.block_size if hit_tokens is None else hit_tokens,
             )
         if hit_ids:
             sharing.audit_reuse(
@@ -485,6 +524,11 @@ def engine_scope(model_config: Any, settings: BindingSettings) -> EngineScope:
 
 
 def bytes_per_block(kv_cache_config: Any) -> int:
-    """Bytes of KV one block holds in one worker: page size times the group's layers."""
-    group = kv_cache_config.kv_cache_groups[0]
-    return int(group.kv_cache_spec.page_size_bytes) * max(1, len(group.layer_names))
+    """Bytes of KV one block holds in one worker: page size times its group's layers.
+
+    A block id belongs to one group at a time; with several groups, the largest.
+    """
+    return max(
+        int(group.kv_cache_spec.page_size_bytes) * max(1, len(group.layer_names))
+        for group in kv_cache_config.kv_cache_groups
+    )

@@ -23,7 +23,9 @@ and what the binding does about it:
   without a reason, so the general plugin installs a shim in the API process
   that answers HTTP 403 with the reason (:func:`needs_frontend_shim`).
 * ``num_hash_lookahead_tokens`` (EAGLE/MTP lookahead hashing) exists only in
-  0.33; the binding refuses it when non-zero (:func:`hash_lookahead_tokens`).
+  0.33 (:func:`hash_lookahead_tokens`, 0 on 0.32); kvgov's keyed hasher covers the
+  lookahead tokens as vLLM's does, with 0.33's ``generate_lookahead_block_hash_extra_keys``
+  (:func:`lookahead_extra_keys`).
 * ``get_request_block_hasher`` takes a third argument in 0.33; kvgov never
   calls it (the engine's hasher is swapped for :func:`~.requests.deferred_block_hasher`,
   which takes the request only, as both minors call it).
@@ -70,6 +72,7 @@ __all__ = [
     "governance_of",
     "hash_lookahead_tokens",
     "kv_cache_zeroing_forced",
+    "lookahead_extra_keys",
     "needs_frontend_shim",
     "reclass",
     "set_block_hasher",
@@ -124,6 +127,22 @@ def needs_frontend_shim() -> bool:
 def hash_lookahead_tokens(vllm_config: Any) -> int:
     """Tokens after each block its hash covers (0.33's EAGLE/MTP lookahead; 0 on 0.32)."""
     return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+
+
+def lookahead_extra_keys(
+    request: Any, start: int, end: int, hash_end: int, start_mm_idx: int
+) -> tuple[Any, int]:
+    """vLLM's extra keys of a block whose hash covers the tokens up to ``hash_end`` (0.33).
+
+    Returns:
+        ``(keys or None, next_mm_idx)``, as ``generate_lookahead_block_hash_extra_keys``.
+    """
+    from vllm.v1.core.kv_cache_utils import generate_lookahead_block_hash_extra_keys
+
+    keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+        request, start, end, hash_end, start_mm_idx
+    )
+    return keys, int(mm_idx)
 
 
 def error_output(request: Any, message: str) -> EngineCoreOutput:

@@ -7,6 +7,10 @@
   the binding records the new blocks' owner (the blocks a KV connector's load
   fills included) and audits the admission and the reuse vLLM actually committed.
 
+Both cover every KV cache group (:mod:`.groups`): a hit is judged over the blocks of
+all groups and cut for all of them at once; the new blocks of every group get the
+request's owner.
+
 Adopted in place, like the pool: the scheduler's ``kv_cache_manager`` is
 re-classed, nothing else changes.
 """
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 from . import fence
+from .groups import owned_blocks
 
 if TYPE_CHECKING:
     from .binding import VllmGovernance
@@ -48,12 +53,18 @@ class GovernedKVCacheManager(KVCacheManager):
         binding = self.kvgov
         if binding is None or not result[1]:
             return result
-        hit = result[0].blocks[0]
-        keep = binding.judge_hit(request, hit)
-        if keep >= len(hit):
+        hit_groups = result[0].blocks
+        keep = binding.judge_hit(request, hit_groups, result[1])
+        if keep >= result[1]:
             return result
-        cut = self.create_kv_cache_blocks((list(hit[:keep]),))
-        return (cut, keep * binding.block_size, *result[2:])
+        if len(hit_groups) == 1:
+            cut = self.create_kv_cache_blocks((list(hit_groups[0][: keep // binding.block_size]),))
+            return (cut, keep, *result[2:])
+        # Several groups: a sliding-window group's hit is the window before its end, so
+        # a shorter hit needs other blocks; look again, capped where the policy cut
+        # (every group then ends there; what it finds is judged again, and the hit only
+        # shrinks, so this ends).
+        return self.get_computed_blocks(request, keep)
 
     def allocate_slots(
         self,
@@ -70,16 +81,19 @@ class GovernedKVCacheManager(KVCacheManager):
         )
         binding = self.kvgov
         if binding is not None and result is not None:
-            hit = ()
+            hit: list[Any] = []
             if num_new_computed_tokens and new_computed_blocks is not None:
-                hit = new_computed_blocks.blocks[0][: num_new_computed_tokens // binding.block_size]
-            new = result.blocks[0] if result.blocks else ()
+                hit = owned_blocks(
+                    new_computed_blocks.blocks, num_new_computed_tokens // binding.block_size
+                )
+            new = owned_blocks(result.blocks) if result.blocks else []
             external = args[1] if len(args) > 1 else kwargs.get("num_external_computed_tokens", 0)
             if external:  # blocks a connector's load fills: allocated, not in the result
                 bs = binding.block_size
-                loaded = self.get_blocks(request.request_id).blocks[0]
-                new = [*loaded[local // bs : (local + external) // bs], *new]
+                loaded = self.get_blocks(request.request_id).blocks
+                first, end = local // bs, (local + external) // bs
+                new = [*(b for g in loaded for b in g[first:end] if not b.is_null), *new]
             state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
-                binding.allocated(request, new, hit)
+                binding.allocated(request, new, hit, hit_tokens=num_new_computed_tokens)
         return result

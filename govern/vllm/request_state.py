@@ -36,6 +36,7 @@ class RequestGovernance:
         "deriver",
         "granted",
         "has_extra",
+        "lookahead",
         "num_tokens",
         "plan",
         "root",
@@ -55,6 +56,7 @@ class RequestGovernance:
         deriver: KeyDeriver,
         block_size: int,
         has_extra: bool,
+        lookahead: int = 0,
     ) -> None:
         self.seq_id = seq_id  # vLLM's request id
         self.num_tokens = num_tokens  # prompt tokens at admission
@@ -64,6 +66,7 @@ class RequestGovernance:
         self.deriver = deriver  # the secret's deriver at admission (a rotation stops caching)
         self.block_size = block_size  # tokens per hashed block
         self.has_extra = has_extra  # LoRA, salt, multimodal or embeddings: extra keys per block
+        self.lookahead = lookahead  # tokens after each block its key covers (EAGLE/MTP), or 0
         self.root = plan.root  # the publish namespace: the only one a request reads (one chain)
         self.shared = plan.root != view.own_root  # publishes in a share group: hits are judged
         self.cacheable = plan.cacheable  # admission said cache; purge/invalidate/rotate clear it

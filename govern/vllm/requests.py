@@ -12,8 +12,12 @@ each block (LoRA, cache salt, multimodal items, prompt embeddings) appended::
     parent = NamespaceRoot (block 0) or block_hashes[i - 1]
 
 so equal prompts in different scopes never share a hash, and a block without
-extra keys hashes exactly as in kvgov's own cache. vLLM's own hash (sha256 by
-default) does not run in addition: the general plugin gives the engine a
+extra keys hashes exactly as in kvgov's own cache. With lookahead hashing (vLLM
+0.33's EAGLE/MTP drafters: ``num_hash_lookahead_tokens`` L > 0) a block is keyed
+once the L tokens after it exist, and its extra keys are vLLM's lookahead ones,
+``(ExtraKeys over the block and those tokens, *those tokens)``: the drafter's KV
+at the block's last position depends on them, so two continuations never share it.
+vLLM's own hash (sha256 by default) does not run in addition: the general plugin gives the engine a
 hasher that hashes nothing (:func:`deferred_block_hasher`).
 """
 
@@ -53,20 +57,27 @@ def governed_block_hasher(request: Any) -> list[CacheKey]:
     bs = state.block_size
     hashes = request.block_hashes
     start = len(hashes) * bs
-    count = (request.num_tokens - start) // bs
+    ahead = state.lookahead
+    count = (request.num_tokens - ahead - start) // bs
     if count <= 0:
         return []
     parent = hashes[-1] if hashes else state.root
-    packed = pack_tokens(request.all_token_ids[start : start + count * bs])
+    tokens = request.all_token_ids
+    packed = pack_tokens(tokens[start : start + count * bs])
     digest = state.view.digest
-    if not state.has_extra:
+    if not state.has_extra and not ahead:
         return state.deriver.derive_chain(parent, packed, digest, bs, count)
     extras = []
     mm_index = 0
     for i in range(count):
         first = start + i * bs
-        keys, mm_index = fence.block_extra_keys(request, first, first + bs, mm_index)
-        extras.append(encode_extra_keys(keys))
+        end = first + bs
+        if ahead:
+            keys, mm_index = fence.lookahead_extra_keys(request, first, end, end + ahead, mm_index)
+            extras.append(encode_extra_keys((keys, *tokens[end : end + ahead])))
+        else:
+            keys, mm_index = fence.block_extra_keys(request, first, end, mm_index)
+            extras.append(encode_extra_keys(keys))
     return state.deriver.derive_chain_extras(parent, packed, digest, bs, extras)
 
 

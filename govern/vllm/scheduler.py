@@ -38,20 +38,15 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from vllm.v1.core.kv_cache_coordinator import (
-    KVCacheCoordinatorNoPrefixCache,
-    UnitaryKVCacheCoordinator,
-)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.request import RequestStatus
 
 from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 
 from ..erasure import SCOPE_FILTERS
-from . import fence, plugin
+from . import fence, groups, plugin
 from .binding import VllmGovernance
 from .connectors import ConnectorGovernance
 from .manager import GovernedKVCacheManager
@@ -262,39 +257,15 @@ def _check_governable(sched: Any) -> None:
     """Refuse every configuration whose KV the binding does not govern.
 
     Raises:
-        UnsupportedEngine: more than one KV cache group (hybrid attention,
-            encoder-decoder cross attention, Mamba), a group that is not plain full
-            attention (sliding window, chunked local, sink, HiSparse), a hash block
-            size other than the block size or lookahead hashing (EAGLE/MTP). A KV
-            connector is classified after the binding opened
-            (:mod:`.connectors`: governed by kind, or refused by name).
+        UnsupportedEngine: a KV cache group kvgov does not govern (Mamba state,
+            sink, R-SWA, HiSparse, circular buffers: :func:`.groups.check_groups`) or
+            a hash block size other than a group's block size. A KV connector is
+            classified after the binding opened (:mod:`.connectors`: governed by
+            kind, or refused by name).
     """
-    groups = sched.kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise UnsupportedEngine(
-            f"a KV cache of {len(groups)} groups (hybrid or encoder-decoder models, Mamba)",
-            "serve a decoder-only attention model with one KV cache group",
-        )
-    coordinator = sched.kv_cache_manager.coordinator
-    if type(coordinator) not in (UnitaryKVCacheCoordinator, KVCacheCoordinatorNoPrefixCache):
-        raise UnsupportedEngine(f"the {type(coordinator).__name__}", "use one KV cache group")
-    managers = coordinator.single_type_managers
-    if any(type(m) is not FullAttentionManager for m in managers):
-        names = sorted({type(m).__name__ for m in managers})
-        raise UnsupportedEngine(
-            f"KV cache managers {names}", "serve a model whose layers all use full attention"
-        )
-    if sched.hash_block_size != groups[0].kv_cache_spec.block_size:
-        raise UnsupportedEngine(
-            f"a hash block size of {sched.hash_block_size} with blocks of "
-            f"{groups[0].kv_cache_spec.block_size} tokens",
-            "use one block size",
-        )
-    if fence.hash_lookahead_tokens(sched.vllm_config):
-        raise UnsupportedEngine(
-            "lookahead block hashing (EAGLE / MTP speculative decoding)",
-            "serve without a drafter that needs lookahead hashing",
-        )
+    groups.check_groups(
+        sched.kv_cache_config, sched.kv_cache_manager.coordinator, sched.hash_block_size
+    )
 
 
 def connector_kinds(vllm_config: Any) -> Any:

@@ -43,6 +43,9 @@ KINDS = {
     "vllm": "a vLLM engine on a GPU host, or a server that runs until stopped; never run "
     "by the docs test (make test-vllm-e2e runs the same calls on a tiny model on the CPU, "
     "and the blocks whose reason names tests/govern/vllm/e2e/test_docs_blocks.py as written)",
+    "sglang": "an SGLang server serving a model: no SGLang engine runs on a CPU-only "
+    "machine (make test-sglang runs the radix caches and pools the block configures, "
+    "with kvgov's backend, in SGLang's own venv); never run by the docs test",
     "ci": "a make target or installer that CI runs itself; never run from the docs test",
 }
 

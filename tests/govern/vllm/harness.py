@@ -77,15 +77,19 @@ class FakeWorker:
             self.content[b] = None
         for new in so.scheduled_new_reqs:
             hit = new.num_computed_tokens // BS
-            self._write(new.req_id, new.block_ids[0][hit:])
+            for group in new.block_ids:  # every KV cache group
+                self._write(new.req_id, group[hit:])
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
-                self._write(req_id, new_ids[0])
+                for group in new_ids:
+                    self._write(req_id, group)
 
     def _write(self, req_id: str, block_ids: Iterable[int]) -> None:
         for b in block_ids:
+            if b == 0:
+                continue  # vLLM's null block (a sliding window's padding), never written
             if self.content[b] is not None and self.content[b] != req_id:
                 self.violations.append((b, str(self.content[b]), req_id))
             self.content[b] = req_id
@@ -165,6 +169,7 @@ class Harness:
         *,
         specs: list[KVCacheSpec] | None = None,
         num_blocks: int = 200,
+        retention_interval: int | None = None,
         **config: Any,
     ) -> Any:
         vllm_config = self.config(num_blocks=num_blocks, **config)
@@ -178,6 +183,8 @@ class Harness:
             kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
         )
+        if retention_interval is not None:  # vLLM's engine sets it from its cache config (0)
+            kv_cache_config.prefix_cache_retention_interval = retention_interval
         sched = cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,

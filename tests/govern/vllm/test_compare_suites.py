@@ -70,29 +70,22 @@ def test_tests_failing_stock_are_not_compared() -> None:
 
 def test_the_script_reads_junit_and_exits_1_on_a_regression(tmp_path: Path) -> None:
     """End to end on JUnit XML files: exit 0 when only listed tests differ, else 1."""
+    listed = DIFFERENCES[0]
+    case = f"{listed.test}[0]"
     stock = _junit(
         tmp_path / "stock.xml",
-        {
-            "test_scheduler.py::test_kv_connector_basic[True]": ("passed", ""),
-            "test_scheduler.py::test_plain": ("passed", ""),
-        },
+        {case: ("passed", ""), "test_scheduler.py::test_plain": ("passed", "")},
     )
     good = _junit(
         tmp_path / "good.xml",
         {
-            "test_scheduler.py::test_kv_connector_basic[True]": (
-                "failure",
-                "kvgov cannot govern a KV connector",
-            ),
+            case: ("failure", listed.fails_with[0]),
             "test_scheduler.py::test_plain": ("passed", ""),
         },
     )
     bad = _junit(
         tmp_path / "bad.xml",
-        {
-            "test_scheduler.py::test_kv_connector_basic[True]": ("passed", ""),
-            "test_scheduler.py::test_plain": ("error", "boom"),
-        },
+        {case: ("passed", ""), "test_scheduler.py::test_plain": ("error", "boom")},
     )
     assert read_junit([stock])["test_scheduler.py::test_plain"].status == "passed"
     assert main(["--stock", str(stock), "--governed", str(good)]) == 0

@@ -14,31 +14,54 @@ pytestmark = pytest.mark.vllm
 PROMPT = list(range(500, 660))
 
 
-def _spec(kind: str) -> Any:
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+def _layout(managers: list[str], block_sizes: list[int]) -> tuple[Any, Any]:
+    """A KV cache config and a hybrid coordinator as vLLM builds them (only what is read)."""
+    from types import SimpleNamespace
 
-    if kind == "sliding":
-        return SlidingWindowSpec(
-            block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=64
-        )
-    return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    from vllm.v1.core import single_type_kv_cache_manager as managers_module
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    coordinator = object.__new__(HybridKVCacheCoordinator)
+    coordinator.single_type_managers = tuple(
+        object.__new__(getattr(managers_module, name)) for name in managers
+    )
+    config = SimpleNamespace(
+        kv_cache_groups=[
+            SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=size)) for size in block_sizes
+        ]
+    )
+    return config, coordinator
 
 
 @pytest.mark.parametrize(
-    ("specs", "what"),
+    ("managers", "sizes", "what"),
     [
-        (["full", "sliding"], "a KV cache of 2 groups"),
-        (["sliding"], "SlidingWindowManager"),
+        (["FullAttentionManager", "SinkFullAttentionManager"], [16, 16], "SinkFullAttention"),
+        (["FullAttentionManager", "RSWAManager"], [16, 16], "RSWAManager"),
+        (["FullAttentionManager", "MambaManager"], [16, 16], "Mamba state group"),
+        (["FullAttentionManager", "SlidingWindowManager"], [16, 32], "blocks of 32 tokens"),
     ],
-    ids=["hybrid", "sliding-window"],
+    ids=["sink-attention", "r-swa", "mamba", "two-block-sizes"],
 )
 def test_a_cache_layout_kvgov_does_not_govern_is_refused(
-    vllm: Any, specs: list[str], what: str
+    managers: list[str], sizes: list[int], what: str
 ) -> None:
-    """Hybrid or non-full-attention KV caches: refused at start, never run ungoverned."""
+    """Groups kvgov does not govern (attention sinks, R-SWA, Mamba state, partial-block
+    caching across block sizes): refused at start, never run ungoverned."""
+    from kvgov.govern.vllm.groups import check_groups
+
+    config, coordinator = _layout(managers, sizes)
     with pytest.raises(UnsupportedEngine, match=what):
-        vllm.scheduler(specs=[_spec(s) for s in specs])
+        check_groups(config, coordinator, 16)
+
+
+def test_the_governed_layouts_pass_the_check() -> None:
+    """Full, sliding-window, chunked local and cross attention, in one hybrid cache."""
+    from kvgov.govern.vllm.groups import GOVERNED_MANAGERS, check_groups
+
+    names = [m.__name__ for m in GOVERNED_MANAGERS]
+    config, coordinator = _layout(names, [16] * len(names))
+    check_groups(config, coordinator, 16)
 
 
 def test_a_kv_connector_keyed_by_tokens_is_refused(vllm: Any, tmp_path: Path) -> None:
@@ -54,13 +77,25 @@ def test_a_kv_connector_keyed_by_tokens_is_refused(vllm: Any, tmp_path: Path) ->
         vllm.scheduler(kv_transfer_config=connector)
 
 
-def test_lookahead_hashing_is_refused(vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """EAGLE/MTP lookahead hashing (vLLM 0.33) is not mirrored by kvgov's chain: refused."""
+def test_lookahead_hashing_keys_the_tokens_after_each_block(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EAGLE/MTP lookahead hashing (vLLM 0.33) is governed: a block's key also covers the
+    token after it, in the request's scope, so a block is reused only by a request that
+    continues it the same way (and never by another tenant)."""
     from kvgov.govern.vllm import fence
 
     monkeypatch.setattr(fence, "hash_lookahead_tokens", lambda config: 1)
-    with pytest.raises(UnsupportedEngine, match="lookahead"):
-        vllm.scheduler()
+    sched = vllm.scheduler()
+    assert sched.kvgov.lookahead == 1
+    first = vllm.request("first", PROMPT)  # 160 tokens: 10 blocks, 9 keyed (the 10th has no next)
+    sched.add_request(first)
+    assert len(first.block_hashes) == 9
+    vllm.run(sched)
+    same = [*PROMPT[:32], 7, *PROMPT[33:]]  # block 2 starts with another token
+    assert vllm.hit(sched, vllm.request("other-next", same)) == 16  # block 1 no longer matches
+    assert vllm.hit(sched, vllm.request("again", PROMPT)) == 144
+    assert vllm.hit(sched, vllm.request("globex", PROMPT, tenant="globex")) == 0
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,8 @@
 
 Every other test that passes on stock vLLM must pass governed (``compare_suites.py``
 fails the run otherwise). An entry names a test function (all its parametrizations),
-the text its governed failure must contain, and the reason. Two kinds:
-
-* the configuration is refused at start (``UnsupportedEngine``): kvgov governs one
-  full-attention KV cache group without lookahead hashing, and refuses the rest
-  rather than run it ungoverned (vLLM's test connectors are governed: the suite
-  declares them in ``connector_kinds``);
-* the test looks the cache up with a *probe* request built outside the scheduler:
+the text its governed failure must contain, and the reason. One kind is left:
+the test looks the cache up with a *probe* request built outside the scheduler:
   never admitted, it carries vLLM's unscoped sha256 hashes and finds nothing keyed
   in a tenant's namespace. That is the isolation working.
 """
@@ -19,15 +14,9 @@ from dataclasses import dataclass
 
 __all__ = ["DIFFERENCES", "Difference"]
 
-GROUPS = "cannot govern a KV cache of 2 groups"
-SLIDING = "cannot govern KV cache managers ['SlidingWindowManager']"
-LOOKAHEAD = "cannot govern lookahead block hashing"
 PROBE = "assert 0 =="
 
 _REASONS = {
-    GROUPS: "two KV cache groups (hybrid attention, encoder-decoder cross attention): refused",
-    SLIDING: "a sliding-window KV cache group: refused at start",
-    LOOKAHEAD: "lookahead block hashing (EAGLE/MTP drafters): refused at start",
     PROBE: "probes the cache with a request that was never admitted: unscoped keys find nothing",
 }
 
@@ -58,15 +47,7 @@ P = "test_prefix_caching.py::"
 S = "test_scheduler.py::"
 
 DIFFERENCES: tuple[Difference, ...] = (
-    _d(S + "test_prefix_hit_is_capped_at_retained_auxiliary_outputs", SLIDING),
-    _d(S + "test_cross_attn_blocks_not_over_allocated", GROUPS),
-    _d(S + "test_cross_attn_blocks_not_under_allocated", GROUPS),
-    _d(S + "test_cross_attn_zero_blocks_without_encoder_inputs", GROUPS),
-    _d(S + "test_variable_length_cross_attn_block_allocation", GROUPS),
-    _d(S + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs", GROUPS),
-    _d(S + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy", GROUPS),
-    _d(S + "test_hybrid_per_group_hit_divergence_with_connector", GROUPS),
-    _d(S + "test_streaming_lookahead_hashes_follow_recomputed_kv", LOOKAHEAD),
+    _d(S + "test_streaming_lookahead_hashes_follow_recomputed_kv", PROBE),
     _d(S + "test_scheduler_publishes_lookahead_blocks_at_allocation", PROBE),
     _d(S + "test_finished_spec_request_caches_completed_blocks", PROBE),
     _d(S + "test_async_output_does_not_cache_inflight_tokens", PROBE),

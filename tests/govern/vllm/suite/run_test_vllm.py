@@ -11,8 +11,8 @@ Stages (each timed; everything lands under the repository's ignored ``.bench/``)
    (``benchmarks/vllm_config_only_models.py``), in ``.bench/vllm-tests``
    (``benchmarks/vllm-cpu.md`` has the recipe);
 3. the binding's tests (``tests/govern/vllm``: those marked ``vllm``, and the vLLM-free ones);
-4. vLLM's ``tests/v1/core/test_prefix_caching.py`` and ``test_scheduler.py``, stock and
-   with kvgov's classes substituted (``kvgov_vllm_suite.py``), side by side;
+4. every file of vLLM's ``tests/v1/core`` that runs on the CPU (:data:`VLLM_FILES`), stock
+   and with kvgov's classes substituted (``kvgov_vllm_suite.py``), side by side;
 5. the comparison (``compare_suites.py``): any test that passes stock and fails governed
    outside ``differences.py`` fails the run.
 
@@ -54,7 +54,37 @@ _PIP_NOISE = (
     f"vllm {VLLM_VERSION} requires",
     "pip's dependency resolver does not currently take into account",
 )
-VLLM_FILES = ["tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_scheduler.py"]
+#: Every file of vLLM 0.33's tests/v1/core that runs on the CPU without a model: not the
+#: *_e2e.py files (they serve a real model), nor test_hybrid_prefix_cache_hit_rate.py
+#: (it fails to collect on the CPU build).
+VLLM_FILES = [
+    f"tests/v1/core/{name}.py"
+    for name in (
+        "prefix_cache/test_mamba_eagle_resume_checkpoint",
+        "prefix_cache/test_partial_prefix_cache_hits",
+        "prefix_cache/test_partial_prefix_cache_primitives",
+        "test_async_scheduler",
+        "test_contiguous_kv_packing",
+        "test_deferred_block_free",
+        "test_encoder_cache_manager",
+        "test_kv_cache_config_builder",
+        "test_kv_cache_metrics",
+        "test_kv_cache_planning",
+        "test_kv_cache_utils",
+        "test_kv_sharing",
+        "test_mamba_align_chunk_split",
+        "test_output",
+        "test_prefix_caching",
+        "test_prefix_replay",
+        "test_priority_preemption_bug",
+        "test_priority_scheduler_random",
+        "test_repetition_detection",
+        "test_scheduler",
+        "test_single_type_kv_cache_manager",
+        "test_swa_inflight_window_free",
+        "test_worker_slot_overflow",
+    )
+]
 
 
 def _stage(name: str, timings: list[tuple[str, float]]) -> float:
@@ -128,7 +158,7 @@ def ensure_vllm_tests(python: Path, root: Path) -> Path:
 
 
 def run_vllm_suites(python: Path, root: Path, hf: Path) -> int:
-    """vLLM's two files stock and governed, side by side (two processes); then compare."""
+    """vLLM's files stock and governed, side by side (two processes); then compare."""
     env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",

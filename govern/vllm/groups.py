@@ -1,0 +1,105 @@
+"""The KV cache groups the binding governs, and a request's blocks across them.
+
+vLLM keeps one block pool for every KV cache group of a model (full attention,
+sliding window, chunked local attention, encoder-decoder cross attention), and a
+block id belongs to one group's request at a time, so kvgov's owner table,
+retention and zeroing orders (all keyed by block id) cover every group as they
+are. What differs per group is the shape of a lookup's hit and of an allocation:
+one list of blocks per group, where a sliding-window (or chunked local) group
+pads the blocks outside its window with vLLM's null block. This module reads
+those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot
+govern (see docs/vllm.md, "What is refused, and why").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.v1.core.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+)
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    CrossAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    SlidingWindowManager,
+)
+
+from kvgov.exceptions import UnsupportedEngine
+
+__all__ = ["GOVERNED_MANAGERS", "check_groups", "hit_positions", "owned_blocks"]
+
+#: The managers whose blocks kvgov governs (exact types: vLLM's subclasses of the full
+#: attention manager, sink, R-SWA, circular buffers, HiSparse, keep refused).
+GOVERNED_MANAGERS: tuple[type, ...] = (
+    FullAttentionManager,
+    SlidingWindowManager,
+    ChunkedLocalAttentionManager,
+    CrossAttentionManager,
+)
+
+_COORDINATORS = (
+    UnitaryKVCacheCoordinator,
+    HybridKVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+)
+
+
+def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -> None:
+    """Refuse a KV cache whose groups kvgov cannot govern.
+
+    Raises:
+        UnsupportedEngine: a Mamba (state) group: vLLM's worker zeroer clears
+            attention layers only, so a freed state block would be ordered zeroed and
+            never cleared; a manager outside :data:`GOVERNED_MANAGERS`; a coordinator
+            kvgov does not know; a group whose block size is not the hash block size
+            (partial-block prefix caching).
+    """
+    if type(coordinator) not in _COORDINATORS:
+        raise UnsupportedEngine(
+            f"the {type(coordinator).__name__}",
+            "serve a model whose KV cache groups vLLM coordinates with its unitary or "
+            "hybrid coordinator",
+        )
+    managers = coordinator.single_type_managers
+    if any(isinstance(m, MambaManager) for m in managers):
+        raise UnsupportedEngine(
+            "a Mamba state group (vLLM's worker zeroes attention layers only: a freed "
+            "state block would stay unzeroed)",
+            "serve an attention model (full, sliding-window, chunked local or cross attention)",
+        )
+    if any(type(m) not in GOVERNED_MANAGERS for m in managers):
+        names = sorted({type(m).__name__ for m in managers if type(m) not in GOVERNED_MANAGERS})
+        raise UnsupportedEngine(
+            f"KV cache managers {names}",
+            "serve a model whose layers use full, sliding-window, chunked local or cross attention",
+        )
+    for group in kv_cache_config.kv_cache_groups:
+        size = group.kv_cache_spec.block_size
+        if size != hash_block_size:
+            raise UnsupportedEngine(
+                f"a hash block size of {hash_block_size} with blocks of {size} tokens",
+                "use one block size for every KV cache group",
+            )
+
+
+def hit_positions(hit_groups: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    """A lookup's hit blocks over every group, as (block index, block id), in prefix order.
+
+    The null blocks a sliding-window group pads its hit with are left out; blocks at
+    the same index (one per group) come group by group.
+    """
+    found = [
+        (i, b.block_id) for blocks in hit_groups for i, b in enumerate(blocks) if not b.is_null
+    ]
+    found.sort(key=lambda entry: entry[0])  # stable: group order within an index
+    return found
+
+
+def owned_blocks(groups: Sequence[Sequence[Any]], per_group: int | None = None) -> list[Any]:
+    """The real blocks (null blocks left out) of every group, the first ``per_group`` of each."""
+    return [b for blocks in groups for b in blocks[:per_group] if not b.is_null]

@@ -1,0 +1,197 @@
+"""Every KV cache group governed: hybrid full + sliding-window attention, chunked local attention.
+
+vLLM's ``HybridKVCacheCoordinator`` keeps one pool for every group; a sliding-window
+group frees the blocks that fall out of its window while the request runs. Each of
+them leaves an owner: it is cached (owner and retention kept) or ordered zeroed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvgov.exceptions import UnsupportedEngine
+
+pytestmark = pytest.mark.vllm
+
+WINDOW = 32  # two blocks of 16: far smaller than the prompts below
+PROMPT = list(range(300, 460))  # 160 tokens: 10 blocks
+
+
+def _specs(*kinds: str) -> list[Any]:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
+
+    common = {"block_size": 16, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+    out: list[Any] = []
+    for kind in kinds:
+        if kind == "full":
+            out.append(FullAttentionSpec(**common))
+        elif kind == "sliding":
+            out.append(SlidingWindowSpec(**common, sliding_window=WINDOW))
+        elif kind == "chunked":
+            out.append(ChunkedLocalAttentionSpec(**common, attention_chunk_size=WINDOW))
+        else:
+            out.append(MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,)))
+    return out
+
+
+def _group_ids(sched: Any, req_id: str) -> list[list[int]]:
+    return [list(ids) for ids in sched.kv_cache_manager.get_block_ids(req_id)]
+
+
+@pytest.mark.parametrize("layout", [("full", "sliding"), ("full", "chunked"), ("sliding",)])
+def test_each_group_is_keyed_in_the_request_scope(vllm: Any, layout: tuple[str, ...]) -> None:
+    """Same prompt, same tenant: reused in every group; another tenant: nothing, in any group."""
+    sched = vllm.scheduler(specs=_specs(*layout))
+    vllm.run(sched, vllm.request("a1", PROMPT, tenant="acme"))
+    assert vllm.hit(sched, vllm.request("b1", PROMPT, tenant="globex")) == 0
+    assert vllm.hit(sched, vllm.request("a2", PROMPT, tenant="acme")) > 0
+    vllm.run(sched)
+    worker = vllm.worker(sched)
+    assert worker.violations == []
+    assert worker.remnants(sched) == []
+    sched.kvgov.gov._check_invariants()
+
+
+def test_stock_vllm_leaks_across_tenants_in_every_group(vllm: Any) -> None:
+    """The control: vLLM's own hybrid coordinator serves one tenant's blocks to another."""
+    sched = vllm.stock(specs=_specs("full", "sliding"))
+    vllm.run(sched, vllm.request("a1", PROMPT, tenant="acme"))
+    assert vllm.hit(sched, vllm.request("b1", PROMPT, tenant="globex")) > 0
+
+
+def test_blocks_of_every_group_get_the_request_owner(vllm: Any) -> None:
+    """New blocks of the full and the sliding-window group are owned by the request's scope."""
+    sched = vllm.scheduler(specs=_specs("full", "sliding"))
+    sched.add_request(vllm.request("r", PROMPT, tenant="acme", max_tokens=4))
+    vllm.step(sched)
+    full, sliding = _group_ids(sched, "r")
+    owners = sched.kvgov.gov.ledger.owners.table
+    real = [b for b in full + sliding if b != 0]
+    assert sliding and {b for b in sliding if b != 0}.isdisjoint(full)
+    assert {owners[b].tenant for b in real} == {"acme"}
+
+
+@pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
+def test_a_window_slide_zeroes_the_dropped_blocks_while_the_request_runs(
+    vllm: Any, retention: int | None
+) -> None:
+    """Blocks that fall out of the window mid-request leave their owner: those vLLM does not
+    keep cached go out in a zero list before the request ends, the rest stay cached and owned.
+
+    ``sparse`` is vLLM's default retention (only the windows a later hit can reach are
+    cached), ``dense`` caches every full block."""
+    sched = vllm.scheduler(specs=_specs("full", "sliding"), retention_interval=retention)
+    req = vllm.request("r", PROMPT, tenant="acme", max_tokens=40)
+    sched.add_request(req)
+    vllm.step(sched)
+    _, first_window = _group_ids(sched, "r")
+    zeroed_while_running: set[int] = set()
+    while "r" in sched.requests:
+        so, _ = vllm.step(sched)
+        if "r" in sched.requests:
+            zeroed_while_running |= set(so.new_block_ids_to_zero or ())
+    _, sliding_now = _group_ids(sched, "r") if "r" in sched.requests else ([], [])
+    dropped = {b for b in first_window if b != 0} - set(sliding_now)
+    assert dropped
+    pool = sched.kv_cache_manager.block_pool
+    uncached = {b for b in dropped if pool.blocks[b].block_hash is None}
+    assert bool(uncached) == (retention == 0)
+    assert uncached <= zeroed_while_running
+    owners = sched.kvgov.gov.ledger.owners.table
+    for b in dropped - uncached:  # kept cached: still the request's, findable by its scope only
+        assert owners[b] is not None and owners[b].tenant == "acme"
+    vllm.run(sched)
+    assert vllm.worker(sched).violations == []
+    assert vllm.worker(sched).remnants(sched) == []
+
+
+def test_window_slide_without_prefix_caching_zeroes_every_dropped_block(vllm: Any) -> None:
+    """Prefix caching off: every block the window drops is zeroed before the request ends."""
+    sched = vllm.scheduler(specs=_specs("full", "sliding"), caching=False)
+    sched.add_request(vllm.request("r", PROMPT, tenant="acme", max_tokens=40))
+    vllm.step(sched)
+    _, first_window = _group_ids(sched, "r")
+    zeroed: set[int] = set()
+    while "r" in sched.requests:
+        so, _ = vllm.step(sched)
+        if "r" in sched.requests:
+            zeroed |= set(so.new_block_ids_to_zero or ())
+    dropped = {b for b in first_window if b != 0}
+    assert dropped and dropped <= zeroed
+
+
+def test_purge_and_eviction_cover_every_group(vllm: Any) -> None:
+    """Under eviction pressure and a purge, no block of any group is written while it still
+    holds someone else's KV, nothing is left unowned and unzeroed, and the purge erases the
+    tenant's blocks of both groups."""
+    sched = vllm.scheduler(specs=_specs("full", "sliding"), num_blocks=40)
+    for i in range(8):
+        prompt = [(i * 97 + j) % 30_000 for j in range(90)]
+        vllm.run(sched, vllm.request(f"r{i}", prompt, tenant=("acme", "globex")[i % 2]))
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    owners = sched.kvgov.gov.ledger.owners.table
+    pool = sched.kv_cache_manager.block_pool
+
+    def acme_cached_groups() -> set[int]:
+        return {
+            get_group_id(b.block_hash)
+            for b in pool.blocks
+            if b.block_hash is not None and owners[b.block_id].tenant == "acme"
+        }
+
+    assert acme_cached_groups() == {0, 1}  # the full and the sliding-window group
+    report = sched.kvgov_call("purge_tenant", "acme")
+    assert report["blocks_zeroized"] > 0
+    assert acme_cached_groups() == set()
+    vllm.run(sched)  # the idle engine's zeroing step
+    assert not any(o is not None and o.tenant == "acme" for o in owners)
+    worker = vllm.worker(sched)
+    assert worker.violations == []
+    assert worker.remnants(sched) == []
+    stats = sched.kvgov_call("stats")
+    assert stats["total"]["evictions"]["capacity"] > 0
+    sched.kvgov.gov._check_invariants()
+
+
+def test_a_cut_hit_ends_at_the_same_token_in_every_group(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the sharing policy cuts a hybrid hit, every group's blocks end at the cut: the
+    sliding-window group gets the window before the cut, not a truncated later window."""
+    sched = vllm.scheduler(specs=_specs("full", "sliding"))
+    vllm.run(sched, vllm.request("a1", PROMPT, tenant="acme"))
+    binding = sched.kvgov
+    cut = 5 * 16
+    calls: list[int] = []
+
+    def judge(request: Any, hit_groups: Any, hit_tokens: int) -> int:
+        calls.append(hit_tokens)
+        return min(hit_tokens, cut)
+
+    monkeypatch.setattr(binding, "judge_hit", judge)
+    req = vllm.request("a2", PROMPT, tenant="acme")
+    sched.kvgov.admit(req)
+    blocks, tokens, *_ = sched.kv_cache_manager.get_computed_blocks(req)
+    assert tokens == cut and calls[0] > cut
+    full, sliding = blocks.blocks
+    assert len(full) == len(sliding) == cut // 16
+    assert all(not b.is_null for b in full)
+    window = [b for b in sliding if not b.is_null]
+    assert window and window[-1].block_hash is not None
+    lookup = sched.kv_cache_manager.coordinator.find_longest_cache_hit(req.block_hashes, cut)
+    assert [b.block_id for b in sliding] == [b.block_id for b in lookup[0][1]]
+
+
+def test_mamba_state_groups_are_refused(vllm: Any) -> None:
+    """vLLM's worker zeroer skips Mamba layers: a freed state block would stay readable."""
+    with pytest.raises(UnsupportedEngine, match="Mamba"):
+        vllm.scheduler(specs=_specs("full", "mamba"), caching=False)
