@@ -176,6 +176,18 @@ class FleetAgent:
             d.cleanup()
         self._bundles.clear()
 
+    def sync(self) -> None:
+        """One round of the background thread's work, on the caller's thread: register,
+        write the results, fetch new orders. For tests and tools; never call it on a
+        step's thread (it waits on the database).
+
+        Raises:
+            FleetUnavailable: the database cannot be reached.
+        """
+        store = self._ensure_store()
+        self._flush_results(store)
+        self._fetch(store)
+
     @property
     def registered(self) -> bool:
         """Whether the engine's row is written (the thread retries until it is)."""
