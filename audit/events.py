@@ -114,7 +114,6 @@ CRITICAL_EVENT_TYPES: Final[frozenset[str]] = frozenset(
         EventType.ERASURE,
         EventType.ZEROIZATION_FAILURE,
         EventType.OFFLOAD_REFUSED,
-        EventType.FLEET_ORDER,
     }
 )
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
+
+from kvgov.exceptions import AuditDowngradeRefused
 
 revision: str = "0005_fleet"
 down_revision: str | None = "0004_chain_format"
@@ -66,7 +68,27 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drop the fleet tables (the audit trail keeps each engine's evidence events)."""
+    """Drop the fleet tables (the audit trail keeps each engine's evidence events).
+
+    A downgrade on below ``0004_chain_format`` is refused there while format-2 events
+    exist; it is refused here first, before anything is dropped (SQLite runs DDL outside
+    the migration's transaction, so a refusal after this step would leave the fleet
+    tables dropped under the ``0005_fleet`` revision).
+    """
+    target = context.get_revision_argument()
+    if not context.is_offline_mode() and target not in (None, "-1", "0004_chain_format"):
+        count = (
+            op.get_bind()
+            .execute(sa.text("SELECT count(*) FROM audit_events WHERE chain_format <> 1"))
+            .scalar_one()
+        )
+        if count:
+            raise AuditDowngradeRefused(
+                "0004_chain_format",
+                f"{count} audit event(s) are chain format 2, which the schema before it "
+                "cannot tell from format 1: they would all fail verification. Keep this "
+                "revision (or downgrade to base, which drops the audit trail)",
+            )
     op.drop_table("fleet_results")
     op.drop_table("fleet_orders")
     op.drop_table("fleet_engines")
