@@ -28,7 +28,7 @@ from kvgov.govern.keys import secret_key_id
 from kvgov.schema import SCOPE_FILTERS
 from kvgov.secrecy import KeyFileOpenToOthers, read_key_file
 
-__all__ = ["EngineProgress", "fleet_group", "order_progress"]
+__all__ = ["EngineProgress", "fleet_group", "order_progress", "print_order_evidence"]
 
 #: Seconds without a heartbeat after which an engine counts as stopped.
 STALE_AFTER = 15.0
@@ -352,4 +352,48 @@ def wait_cmd(order_id: str, timeout: float, stale_after: float, url: str | None)
         raise CommandError.of(
             f"order {order_id} not completed with verified evidence by: {', '.join(missing)}",
             EXIT_EVIDENCE,
+        )
+
+
+def print_order_evidence(url: str, order_id: str, fmt: str) -> None:
+    """``kvgov audit erasure --order``: one line per engine, its result and its evidence.
+
+    Raises:
+        CommandError: no such order (exit 1), or an engine that is live has not completed
+            it with verified evidence (exit 1, after the lines).
+    """
+    with FleetStore(url, auto_upgrade=False) as store, AuditQueries(url) as q:
+        order = _order(store, order_id)
+        rows = order_progress(store, q, order)
+    records = [
+        {
+            "engine_id": r.engine_id,
+            "state": r.state,
+            "status": r.status,
+            "evidence": r.evidence,
+            "event_id": r.result.event_id if r.result else None,
+            "verified": r.result.verified if r.result else None,
+            "detail": dict(r.result.detail) if r.result else {},
+        }
+        for r in rows
+    ]
+    if fmt in ("json", "jsonl"):
+        if fmt == "json":
+            click.echo(
+                json.dumps({"order_id": order_id, "kind": order.kind, "engines": records}, indent=2)
+            )
+        else:
+            for rec in records:
+                click.echo(json.dumps({"order_id": order_id, **rec}, sort_keys=True))
+    else:
+        click.echo(f"order {order_id} ({order.kind}): {len(records)} engine(s)")
+        for rec in records:
+            click.echo(
+                f"{rec['engine_id']}: {rec['state']}, {rec['status']}, {rec['evidence']}"
+                + (f", event {rec['event_id']}" if rec["event_id"] else "")
+            )
+    missing = [r.engine_id for r in rows if r.state == "live" and not r.done]
+    if missing:
+        raise CommandError.of(
+            f"order {order_id} lacks verified evidence from: {', '.join(missing)}", EXIT_EVIDENCE
         )
