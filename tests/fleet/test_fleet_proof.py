@@ -53,7 +53,8 @@ class Fleet:
         state = self.state_path(engine_id)
         state.unlink(missing_ok=True)
         cmd = [sys.executable, str(ROOT / "tests/fleet/native_engine.py"), "--url", self.url,
-               "--engine-id", engine_id, "--operator-pub", str(self.pub), "--state", str(state)]  # fmt: skip
+               "--engine-id", engine_id, "--operator-pub", str(self.pub),
+               "--state", str(state)]  # fmt: skip
         if not acme:
             cmd.append("--no-acme")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

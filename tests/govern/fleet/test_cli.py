@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvgov.audit import SigningKey, load_signing_key
-from kvgov.audit.signing import generate_key_files
 from kvgov.audit.fleet import FleetStore
+from kvgov.audit.signing import generate_key_files
 from kvgov.cli.main import main
 from kvgov.govern import GovernedKVCache
 from kvgov.govern.fleet import FleetAgent, NativeTarget, trusted_keys
@@ -95,7 +95,7 @@ def test_invalidate_rotate_and_rollout_orders_are_issued_and_checked(
 ) -> None:
     code, _, err = _run("fleet", "invalidate", "--key", str(key_file), "--url", fleet_url)
     assert code == 2 and "at least one scope field" in err
-    code, out, _ = _run("fleet", "invalidate", "--model-revision", "r1", "--key", str(key_file),
+    code, _, _ = _run("fleet", "invalidate", "--model-revision", "r1", "--key", str(key_file),
                         "--url", fleet_url)  # fmt: skip
     assert code == 0
     secret = tmp_path / "secret"
