@@ -128,6 +128,7 @@ class FleetAgent:
         self._queue: queue.SimpleQueue[Order] = queue.SimpleQueue()
         self._seen: set[str] = set()
         self._results: deque[OrderResult] = deque()
+        self._flush_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -255,9 +256,11 @@ class FleetAgent:
             self._on_order()
 
     def _flush_results(self, store: FleetStore) -> None:
-        while self._results:
-            store.record_result(self._results[0])  # False: written before (a replay): fine
-            self._results.popleft()
+        # one writer at a time (the thread, sync, stop); the engine's thread only appends
+        with self._flush_lock:
+            while self._results:
+                store.record_result(self._results[0])  # False: written before (a replay)
+                self._results.popleft()
 
     def _listen(self) -> Any:
         """A PostgreSQL connection LISTENing on the orders' channel, or None."""

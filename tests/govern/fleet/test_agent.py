@@ -190,3 +190,25 @@ def test_the_background_thread_delivers_an_order(
         (result,) = store.results(order_id)
         assert result.status == "completed"
         assert store.engines()[0].stopped_us is not None
+
+
+def test_results_are_written_once_when_two_threads_flush_them(
+    fleet_url: str, make_cache: CacheFactory, operator: SigningKey
+) -> None:
+    """sync() on the caller's thread and the agent's own thread both write results:
+    one writer at a time, each result once (two writers popped the same result)."""
+    cache = make_cache(audit_url=fleet_url)
+    agent = FleetAgent(fleet_url, "native-1", NativeTarget(cache),
+                       trusted_keys([operator.private_key.public_key()]),
+                       poll_interval=0.01, heartbeat_interval=0.01).start()  # fmt: skip
+    ids = [_issue(fleet_url, operator, "purge", {"tenant": f"t{i}"}) for i in range(20)]
+    ran = 0
+    for _ in range(600):
+        ran += agent.drain()
+        agent.sync()
+        if ran == len(ids) and agent.pending_results() == 0:
+            break
+    agent.stop()
+    assert ran == len(ids)
+    with FleetStore(fleet_url, auto_upgrade=False) as store:
+        assert sorted(r.order_id for r in store.results()) == sorted(ids)
