@@ -18,7 +18,7 @@ OPA_PIN ?= opa-golib-python-bindings==0.4.4
 # the note is filtered by its text; every other build warning still shows (and
 # tests/test_packaging.py fails on any warning of the wheel build).
 
-.PHONY: install demo test test-faults test-vllm test-vllm-e2e test-sglang vllm-demo lint bench bench-vllm clean
+.PHONY: install demo test test-faults test-fleet test-vllm test-vllm-e2e test-sglang vllm-demo lint bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,9 +34,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/kvgov demo
 
+# The fleet proof (tests/fleet): three native engine processes on one PostgreSQL driven
+# by `kvgov fleet` (purge, a restart, a rollout, a forged order); docs/fleet.md.
+test-fleet: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m fleet tests/fleet
+
 # The vLLM binding's tests need vLLM: `make test-vllm` runs them in their own venv.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not vllm and not sglang"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not faults and not fleet and not vllm and not sglang"
 
 # The fault suite (tests/faults): PostgreSQL frozen and killed during load, the spool's
 # disk full, a worker killed with SIGKILL; prints what happened to the events

@@ -96,6 +96,11 @@ class EventType(StrEnum):
     #: ``from``, ``to``, ``dropped`` tables and their rows), or an upgrade of a trail
     #: holding events, recorded once at the head.
     SCHEMA_MIGRATION = "schema_migration"
+    #: An engine's handling of a fleet order (``kvgov fleet``, docs/fleet.md) other than
+    #: the erasure events that carry the order id themselves: ``details.order_id``,
+    #: ``kind``, ``outcome`` (``refused``: not signed by a trusted operator key, with the
+    #: ``reason``; ``rolled_out``: the new ``policy_revision``; ``failed``: the ``error``).
+    FLEET_ORDER = "fleet_order"
 
 
 #: Security-critical event types: ``AuditLog.record`` writes them (database or spool)

@@ -334,6 +334,24 @@ class AuditQueries:
         )
         return self._run(self._ordered(self._window(stmt, since, until)))
 
+    def event(self, event_id: str) -> AuditRecord | None:
+        """One event by its id (``"<stream>:<seq>"``), or None when there is none.
+
+        Args:
+            event_id: the id, as a report or a fleet result names it.
+
+        Returns:
+            The event, or None.
+        """
+        stream, _, seq = event_id.rpartition(":")
+        if not stream or not seq.isdigit():
+            return None
+        stmt = select(*_SELECT_COLS).where(
+            AuditEventRow.stream == stream, AuditEventRow.seq == int(seq)
+        )
+        found = self._run(stmt)
+        return found[0] if found else None
+
     def erasure(self, tenant: str) -> tuple[AuditRecord, ...]:
         """The erasure evidence of a tenant: every ``erasure`` event, oldest first.
 

@@ -426,7 +426,15 @@ def open_engine(
 
 
 #: The tables of the audit schema whose rows :func:`row_counts` reports.
-AUDIT_TABLES = ("audit_events", "audit_checkpoints", "audit_keys", "offload_keys")
+AUDIT_TABLES = (
+    "audit_events",
+    "audit_checkpoints",
+    "audit_keys",
+    "offload_keys",
+    "fleet_engines",
+    "fleet_orders",
+    "fleet_results",
+)
 _DROP_TABLE = re.compile(r'DROP TABLE (?:IF EXISTS )?"?(\w+)"?', re.I)
 
 

@@ -290,15 +290,32 @@ def reuse_cmd(
 
 
 @audit_group.command("erasure")
-@click.option("--tenant", required=True, help="The erased tenant.")
+@click.option("--tenant", default=None, help="The erased tenant.")
+@click.option(
+    "--order",
+    "order_id",
+    default=None,
+    help="A fleet order (`kvgov fleet purge`): one line per engine, with its evidence.",
+)
 @_output_options
-def erasure_cmd(tenant: str, url: str | None, fmt: str, allow_empty: bool) -> None:
-    """The erasure evidence of TENANT: when, blocks, bytes zeroized, verification."""
-    rows = _query(url, lambda q: q.erasure(tenant), allow_empty)
+def erasure_cmd(
+    tenant: str | None, order_id: str | None, url: str | None, fmt: str, allow_empty: bool
+) -> None:
+    """The erasure evidence of TENANT (when, blocks, bytes zeroized, verification), or of
+    a fleet ORDER (each engine: its result and its evidence event)."""
+    if (tenant is None) == (order_id is None):
+        raise click.UsageError("give exactly one of --tenant and --order")
+    if order_id is not None:
+        from kvgov.cli.fleet import print_order_evidence
+
+        print_order_evidence(url or _default_url(), order_id, fmt)
+        return
+    erased = str(tenant)
+    rows = _query(url, lambda q: q.erasure(erased), allow_empty)
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r.details if k not in keys]
-    _emit(rows, ("time", "event_id", "blocks", *keys), f"erasure of {tenant}", fmt)
+    _emit(rows, ("time", "event_id", "blocks", *keys), f"erasure of {erased}", fmt)
 
 
 @audit_group.command("denials")

@@ -37,6 +37,7 @@ from kvgov.exceptions import (
     AuditTrailEmpty,
     AuditUnavailable,
     ExpectedStreamsError,
+    FleetUnavailable,
     KVGovError,
     MalformedAuditRow,
 )
@@ -164,7 +165,9 @@ def explain(exc: BaseException) -> CommandError | None:
         return exc
     if isinstance(exc, (AuditTrailEmpty, MalformedAuditRow)):
         return CommandError.of(str(exc), EXIT_EVIDENCE)
-    if isinstance(exc, (AuditSchemaError, AuditUnavailable, AuditDatabaseMissing)):
+    if isinstance(
+        exc, (AuditSchemaError, AuditUnavailable, AuditDatabaseMissing, FleetUnavailable)
+    ):
         return CommandError.of(str(exc), EXIT_ENVIRONMENT)
     if isinstance(exc, ExpectedStreamsError):
         return CommandError.of(str(exc), EXIT_EVIDENCE if exc.tampered else EXIT_USAGE)

@@ -14,6 +14,7 @@ from rich.progress import Progress
 from kvgov.cli.audit import audit_group, db_group
 from kvgov.cli.common import emit_records, format_options, print_table
 from kvgov.cli.errors import ErrorsToExitCodes
+from kvgov.cli.fleet import fleet_group
 from kvgov.cli.policy import policy_group
 from kvgov.cli.policy_replay import replay_command as policy_replay_command
 from kvgov.exceptions import InvalidArgument
@@ -41,6 +42,7 @@ policy_group.add_command(policy_replay_command)
 main.add_command(policy_group)
 main.add_command(audit_group)
 main.add_command(db_group)
+main.add_command(fleet_group)
 
 
 @main.command("capacity")

@@ -52,7 +52,7 @@ from .logs import get_logger
 from .offload_config import OffloadConfig
 from .offloading import Offloading
 from .plan import KeyPlan
-from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport
+from .results import Admission, ErasureReport, InvalidationReport, ReconcileReport, RotationReport
 from .scope import CacheScope
 from .sequence import NativeSequence, check_admission, check_live_ids, check_seq_id
 from .stats import CacheStats
@@ -116,6 +116,19 @@ class GovernedKVCache:
         self._seqs: dict[str, NativeSequence] = {}
         self._orphans_recovered = 0
         self._sweeper: Sweeper | None = None
+        self._boundary_hooks: list[Callable[[], None]] = []
+
+    def add_boundary_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at every admission's start, before the admission's own work.
+
+        That is a boundary between the embedding process's steps: a fleet agent
+        (:class:`kvgov.govern.fleet.FleetAgent`) runs the orders it has received there.
+        The hook runs on the admitting thread and must not wait on a database.
+
+        Args:
+            hook: a callable taking nothing.
+        """
+        self._boundary_hooks.append(hook)
 
     # ------------------------------------------------------------------ construction
 
@@ -277,6 +290,8 @@ class GovernedKVCache:
         reference the admission took is given back (new blocks zeroized, hit
         blocks cached again) and no sequence is registered.
         """
+        for hook in self._boundary_hooks:
+            hook()
         start = time.perf_counter()
         latency = self._gov.admission_latency
         try:
@@ -579,7 +594,7 @@ class GovernedKVCache:
             self._sweeper = Sweeper(self, interval)
             self._sweeper.start()
 
-    def purge_tenant(self, tenant: str) -> ErasureReport:
+    def purge_tenant(self, tenant: str, *, order_id: str | None = None) -> ErasureReport:
         """Erase a tenant from the cache (right to be forgotten).
 
         Every cached block the tenant wrote (including blocks it published to share groups)
@@ -595,6 +610,7 @@ class GovernedKVCache:
 
         Args:
             tenant: the tenant.
+            order_id: the fleet order this purge executes (the event's ``details.order_id``).
 
         Returns:
             The erasure evidence: ``verified`` only when every block the tenant
@@ -613,7 +629,7 @@ class GovernedKVCache:
             AuditUnavailable: the erasure could not be audited (the blocks are
                 zeroized all the same).
         """
-        return self._gov.purge_tenant(tenant, self._seqs.values())
+        return self._gov.purge_tenant(tenant, self._seqs.values(), order_id=order_id)
 
     def invalidate(
         self,
@@ -625,12 +641,14 @@ class GovernedKVCache:
         tokenizer: str | None = None,
         tokenizer_revision: str | None = None,
         template_version: str | None = None,
+        order_id: str | None = None,
     ) -> InvalidationReport:
         """Drop every block keyed under a scope matching all the given fields.
 
         Run it after a weight, adapter, tokenizer or template update. Fields left
         None match anything; at least one must be given. Offload tiers lose the
         objects of every matching scope this worker knows (see docs/offload.md).
+        ``order_id`` names the fleet order it executes (the event's ``details.order_id``).
 
         Returns:
             What was dropped; ``verified`` when every block of a matching scope is
@@ -650,7 +668,7 @@ class GovernedKVCache:
             template_version,
         )
         wanted = {k: v for k, v in zip(SCOPE_FILTERS, given, strict=True) if v is not None}
-        return self._gov.invalidate(wanted, self._seqs.values())
+        return self._gov.invalidate(wanted, self._seqs.values(), order_id=order_id)
 
     def rotate_secret(self, new_secret: bytes) -> int:
         """Switch to a new cache-key secret; every old key becomes unreachable.
@@ -672,6 +690,20 @@ class GovernedKVCache:
             KeySecretError: the new secret is too short (nothing changed).
         """
         return self._gov.rotate_secret(new_secret, self._seqs.values())
+
+    def rotate_secret_report(
+        self, new_secret: bytes, *, order_id: str | None = None
+    ) -> RotationReport:
+        """:meth:`rotate_secret`, with the report of its audit event.
+
+        Args:
+            new_secret: at least 32 bytes.
+            order_id: the fleet order this rotation executes (``details.order_id``).
+
+        Raises:
+            KeySecretError: the new secret is too short (nothing changed).
+        """
+        return self._gov.rotate_secret_report(new_secret, self._seqs.values(), order_id=order_id)
 
     # ------------------------------------------------------------------ observation and life
 

@@ -19,7 +19,7 @@ from kvgov.allocator import BlockState
 from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.exceptions import InvalidArgument, ZeroizationError
 from kvgov.offload import DeleteReport, ShredReport
-from kvgov.schema import SCOPE_FIELDS
+from kvgov.schema import SCOPE_FILTERS
 
 from .protocol import ObservedPool
 
@@ -30,10 +30,6 @@ __all__ = [
     "erasure_details",
     "zeroization_audited",
 ]
-
-#: The scope fields an invalidation can filter on: what produced the KV (every
-#: scope field but who owns it and how it is labelled), in scope order.
-SCOPE_FILTERS = tuple(f for f in SCOPE_FIELDS if f not in ("tenant", "classification"))
 
 
 def check_filters(wanted: Mapping[str, str]) -> None:

@@ -76,7 +76,7 @@ from .ledger import Ledger
 from .logs import get_logger
 from .plan import KeyPlan, plan_keys, unkeyed_plan
 from .protocol import ObservedPool, RunningSequence
-from .results import ErasureReport, InvalidationReport
+from .results import ErasureReport, InvalidationReport, RotationReport
 from .scope import CacheScope
 from .stats import CacheStats, snapshot
 from .views import ScopeView
@@ -376,7 +376,9 @@ class Governor:
         self.drain()
         return list(revoked.evicted), list(revoked.detached)
 
-    def purge_tenant(self, tenant: str, live: Iterable[RunningSequence]) -> ErasureReport:
+    def purge_tenant(
+        self, tenant: str, live: Iterable[RunningSequence], *, order_id: str | None = None
+    ) -> ErasureReport:
         """Erase a tenant: see :meth:`kvgov.govern.GovernedKVCache.purge_tenant`.
 
         The blocks are revoked under the lock; the erasure event, which the audit
@@ -395,6 +397,7 @@ class Governor:
         Args:
             tenant: the tenant.
             live: the binding's running sequences (the tenant's stop caching).
+            order_id: the fleet order this erasure executes (``details.order_id``).
 
         Raises:
             InvalidScope: tenant is not a valid identifier.
@@ -428,6 +431,8 @@ class Governor:
                 "in_flight_sequences": in_flight,
                 "verified": verified,
             }
+            if order_id is not None:
+                details["order_id"] = order_id
             shred, failure = self._shred(tenant, details)
             finished = details["finished_at"] = self.clock()
             recorded = self.audit.record_durable(
@@ -481,7 +486,11 @@ class Governor:
         return shred, None
 
     def invalidate(
-        self, wanted: Mapping[str, str], live: Iterable[RunningSequence]
+        self,
+        wanted: Mapping[str, str],
+        live: Iterable[RunningSequence],
+        *,
+        order_id: str | None = None,
     ) -> InvalidationReport:
         """Drop every block of a matching scope: see :meth:`GovernedKVCache.invalidate`.
 
@@ -489,6 +498,7 @@ class Governor:
             wanted: scope field -> value; every one must match (fields of
                 :data:`~kvgov.govern.erasure.SCOPE_FILTERS`, at least one).
             live: the binding's running sequences (the matching ones stop caching).
+            order_id: the fleet order this invalidation executes (``details.order_id``).
 
         Raises:
             InvalidArgument: no filter, or a field that is not a filter.
@@ -516,6 +526,8 @@ class Governor:
                 "sequences_marked": marked,
                 "verified": verified,
             }
+            if order_id is not None:
+                details["order_id"] = order_id
             deleted = None if self.offload is None else self.offload.invalidate(matches)
             if deleted is not None:
                 details["offload"] = erasure_details(deleted)
@@ -533,12 +545,28 @@ class Governor:
                 offload_deleted={} if deleted is None else dict(deleted.deleted),
             )
 
-    def rotate_secret(self, new_secret: bytes, live: Iterable[RunningSequence]) -> int:
+    def rotate_secret(
+        self, new_secret: bytes, live: Iterable[RunningSequence], *, order_id: str | None = None
+    ) -> int:
         """Switch the key secret: see :meth:`GovernedKVCache.rotate_secret`.
+
+        Returns:
+            Blocks evicted and zeroized now (:meth:`rotate_secret_report` says more).
+
+        Raises:
+            KeySecretError: the new secret is too short (nothing changed).
+        """
+        return self.rotate_secret_report(new_secret, live, order_id=order_id).blocks_zeroized
+
+    def rotate_secret_report(
+        self, new_secret: bytes, live: Iterable[RunningSequence], *, order_id: str | None = None
+    ) -> RotationReport:
+        """Switch the key secret; the report names the rotation's audit event.
 
         Args:
             new_secret: at least 32 bytes.
             live: the binding's running sequences (none caches any more).
+            order_id: the fleet order this rotation executes (``details.order_id``).
 
         Raises:
             KeySecretError: the new secret is too short (nothing changed).
@@ -558,14 +586,22 @@ class Governor:
                 "held_blocks": len(held),
                 "verified": verified,
             }
+            if order_id is not None:
+                details["order_id"] = order_id
             if self.offload is not None:  # every object's key was derived with the old secret
                 details["offload"] = erasure_details(self.offload.drop_all())
-            self.audit.record(
+            event_id = self.audit.record(
                 AuditEvent(
                     type=EventType.SECRET_ROTATION, block_ids=tuple(evicted), details=details
                 )
             )
-            return len(evicted)
+            return RotationReport(
+                blocks_zeroized=len(evicted),
+                detached_blocks=len(detached),
+                held_blocks=len(held),
+                verified=verified,
+                event_id=event_id,
+            )
 
     def sweep(self) -> int:
         """Evict and zeroize every cached block past its retention deadline (and tier objects).

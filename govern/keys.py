@@ -63,6 +63,7 @@ kvgov's own cache keys it. Vectors: ``tests/vectors/cache_keys_extra.json``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import sys
 from array import array
@@ -87,6 +88,7 @@ __all__ = [
     "namespace_root",
     "pack_tokens",
     "scope_digest",
+    "secret_key_id",
 ]
 
 #: HMAC-SHA256 key of one full block (32 bytes).
@@ -291,6 +293,11 @@ class KeyDeriver:
     def __repr__(self) -> str:
         return "KeyDeriver(secret=<hidden>)"
 
+    @property
+    def key_id(self) -> str:
+        """The secret's public name (:func:`secret_key_id`); the secret stays hidden."""
+        return secret_key_id(self._secret)
+
     def derive_key(
         self, parent: bytes, token_bytes: bytes, digest: ScopeDigest, extra: bytes = b""
     ) -> CacheKey:
@@ -387,6 +394,19 @@ class KeyDeriver:
             keys.append(CacheKey(parent))
             offset += step
         return keys
+
+
+def secret_key_id(secret: bytes) -> str:
+    """Name a cache-key secret without revealing it: 16 hex digits of
+    ``HMAC-SHA256(secret, "kvgov-key-id-1")`` (what ``kvgov fleet status`` shows per engine).
+
+    Args:
+        secret: the secret bytes.
+
+    Returns:
+        The key id.
+    """
+    return hmac.new(bytes(secret), b"kvgov-key-id-1", hashlib.sha256).hexdigest()[:16]
 
 
 def load_key_secret(key_secret: bytes | None, *, ephemeral: bool, environ: dict[str, str]) -> bytes:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from kvgov.audit import Evidence
 
-__all__ = ["Admission", "ErasureReport", "InvalidationReport", "ReconcileReport"]
+__all__ = ["Admission", "ErasureReport", "InvalidationReport", "ReconcileReport", "RotationReport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +131,23 @@ class ReconcileReport:
 
     orphaned: tuple[str, ...]
     blocks_released: int
+
+
+@dataclass(frozen=True, slots=True)
+class RotationReport:
+    """What a cache-key secret rotation did.
+
+    Attributes:
+        blocks_zeroized: cached blocks evicted and zeroized now.
+        detached_blocks: keyed blocks still held by running sequences (unindexed,
+            zeroized at their release).
+        held_blocks: blocks written under the old secret that are not FREE after it.
+        verified: every block written under the old secret is FREE and reads back zero.
+        event_id: the rotation event in the audit trail.
+    """
+
+    blocks_zeroized: int
+    detached_blocks: int
+    held_blocks: int
+    verified: bool
+    event_id: str

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["SCOPE_FIELDS", "TEXT_LIMITS", "text_problem"]
+__all__ = ["SCOPE_FIELDS", "SCOPE_FILTERS", "TEXT_LIMITS", "text_problem"]
 
 #: The fields of a scope, in cache-key and digest order.
 SCOPE_FIELDS: Final = (
@@ -32,6 +32,10 @@ SCOPE_FIELDS: Final = (
     "tokenizer_revision",
     "template_version",
 )
+
+#: The scope fields an invalidation may filter on (every field but tenant and
+#: classification: a tenant is erased by a purge).
+SCOPE_FILTERS: Final = tuple(f for f in SCOPE_FIELDS if f not in ("tenant", "classification"))
 
 #: Longest value, in characters (code points, as PostgreSQL's ``varchar(n)`` counts
 #: them), of each text column of the audit store. Migration 0001 created the columns

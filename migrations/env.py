@@ -10,6 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
+import kvgov.audit.fleet  # registers the fleet tables on the metadata
 import kvgov.audit.offload_keys  # noqa: F401  (registers offload_keys on the metadata)
 from kvgov.audit.models import metadata
 

@@ -224,3 +224,32 @@ class InvalidAuditEvent(AuditError, ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"invalid audit event {field}: {reason}")
+
+
+class InvalidFleetOrder(AuditError, ValueError):
+    """A fleet order is malformed: an unknown kind, a missing or wrong argument.
+
+    Args:
+        reason: what is wrong and what to give instead. Nothing was written.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"fleet order: {reason}")
+
+
+class FleetUnavailable(AuditError):
+    """The fleet's database (the audit database) cannot be reached now.
+
+    Orders are durable rows: an order that was written stays; one that was not can
+    be issued again. An engine retries on its own thread; no step waits for it.
+
+    Args:
+        url: the database URL (password hidden).
+        reason: the driver's error.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"fleet database {url} unavailable: {reason}")
