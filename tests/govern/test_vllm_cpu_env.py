@@ -80,4 +80,7 @@ def test_the_report_computes_rates_and_hit_rates(capsys: pytest.CaptureFixture[s
     assert figures["tok_s"] == pytest.approx(12.0)
     assert figures["ttft_p50_ms"] == pytest.approx(200.0)
     assert figures["ttft_p99_ms"] == pytest.approx(300.0)
-    assert "bank 75%, clinic 0%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bank 75%, clinic 0%" in out
+    # the tail names its requests: the slowest first, with what was cached
+    assert "slowest TTFT: 300 ms (part -1 #-1, bank, 100/100 cached)" in out
