@@ -179,6 +179,34 @@ def report(name: str, wall: float, results: list[Result]) -> dict[str, float]:
     return figures
 
 
+def like_for_like(
+    stock: list[Result], governed: list[Result]
+) -> tuple[int, dict[str, dict[str, float]]]:
+    """TTFT net of isolation: the requests where governed missed what stock hit, left out.
+
+    The same (part, place) is the same tenant and prompt on both sides. Stock shares a
+    system prompt across tenants; governed does not, so each tenant's first request for
+    a system prompt prefills it cold where stock hits another tenant's copy: that is
+    the isolation, not governance overhead (as the 8-tenant rows of
+    bench_vllm_binding.py). Returns the number of such requests and, per side, TTFT
+    p50 and p99 (ms) over the rest.
+    """
+    theirs = {(r.part, r.index): r for r in stock}
+    missed = {
+        (r.part, r.index)
+        for r in governed
+        if (r.part, r.index) in theirs and r.cached_tokens < theirs[(r.part, r.index)].cached_tokens
+    }
+    out = {}
+    for name, side in (("stock", stock), ("governed", governed)):
+        ttft = [r.ttft_s for r in side if (r.part, r.index) not in missed]
+        out[name] = {
+            "ttft_p50_ms": statistics.median(ttft) * 1e3,
+            "ttft_p99_ms": _pct(ttft, 0.99) * 1e3,
+        }
+    return len(missed), out
+
+
 def run(n: int, work: Path, audit_url: str | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     audit = work / "audit.db"
@@ -234,8 +262,18 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     print(f"\ngoverned/stock throughput (requests/s): {ratio:.3f}  (target >= 0.97: {met})")
     met = "met" if p99 <= 1.2 else "missed"
     print(f"governed/stock TTFT p99: {p99:.3f}  (target <= 1.2: {met})")
+    missed, net = like_for_like(results["stock"], results["governed"])
+    p99_net = net["governed"]["ttft_p99_ms"] / net["stock"]["ttft_p99_ms"]
+    print(
+        f"net of isolation ({missed} governed requests prefilled cold what stock reused "
+        f"from another tenant, left out): TTFT p50 {net['stock']['ttft_p50_ms']:.0f} / "
+        f"{net['governed']['ttft_p50_ms']:.0f} ms, p99 {net['stock']['ttft_p99_ms']:.0f} / "
+        f"{net['governed']['ttft_p99_ms']:.0f} ms, governed/stock p99 {p99_net:.3f}"
+    )
     print(f"RESULT rps_ratio={ratio:.3f}")
     print(f"RESULT ttft_p99_ratio={p99:.3f}")
+    print(f"RESULT ttft_p99_net_ratio={p99_net:.3f}")
+    print(f"RESULT isolation_cold_requests={missed}")
     for name in ("stock", "governed"):
         for k in ("ttft_p50_ms", "ttft_p99_ms"):
             print(f"RESULT {name}_{k}={figures[name][k]:.1f}")
