@@ -86,6 +86,7 @@ bench: $(STAMP)
 bench-vllm: $(STAMP)
 	$(PY) benchmarks/bench_vs_vllm.py
 	$(PY) benchmarks/bench_vllm_binding.py
+	$(PY) benchmarks/bench_vllm_binding.py --prompt 4096 --rounds 5
 
 clean:
 	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info

@@ -67,10 +67,11 @@ __all__ = [
     "evict_cached_block",
     "finish_output_request",
     "force_kv_cache_zeroing",
-    "free_queue_ahead",
     "free_request",
     "governance_of",
     "hash_lookahead_tokens",
+    "hashed_ahead",
+    "hashed_block_ids",
     "kv_cache_zeroing_forced",
     "lookahead_extra_keys",
     "needs_frontend_shim",
@@ -78,6 +79,7 @@ __all__ = [
     "set_block_hasher",
     "set_engine_hasher",
     "set_governance",
+    "split_freed",
     "stop_recording_new_block_ids",
     "wrap_preprocess_add_request",
     "wrap_process_outputs",
@@ -336,18 +338,52 @@ def block_hash(block: Any) -> Any:
     return block._block_hash
 
 
-def free_queue_ahead(queue: Any, n: int) -> list[Any]:
-    """The first ``n`` blocks of vLLM's free queue, the ones it hands out next.
+# Batch forms of the accessors above, for the pool's per-block post-passes: one call
+# a list instead of one a block (a Python call costs about as much as the test it
+# wraps, and these run over every block vLLM hands out, caches or frees).
 
-    Walks ``FreeKVCacheBlockQueue.fake_free_list_head`` and ``next_free_block``;
-    the caller checks ``n <= queue.num_free_blocks``.
+
+def hashed_ahead(queue: Any, n: int, extra: Any) -> list[Any]:
+    """Of the first ``n`` blocks of vLLM's free queue (the ones it hands out next), the hashed.
+
+    Walks ``FreeKVCacheBlockQueue.fake_free_list_head`` and ``next_free_block``. A
+    block holds a hash when its ``_block_hash`` is set or its id is in ``extra``
+    (``BlockPool.cached_block_hashes_by_block``, falsy when empty): vLLM evicts it
+    lazily as it hands it out. The caller checks ``n <= queue.num_free_blocks``.
     """
-    blocks = []
+    hashed = []
     blk = queue.fake_free_list_head.next_free_block
-    for _ in range(n):
-        blocks.append(blk)
-        blk = blk.next_free_block
-    return blocks
+    if extra:
+        for _ in range(n):
+            if blk._block_hash is not None or blk.block_id in extra:
+                hashed.append(blk)
+            blk = blk.next_free_block
+    else:
+        for _ in range(n):
+            if blk._block_hash is not None:
+                hashed.append(blk)
+            blk = blk.next_free_block
+    return hashed
+
+
+def hashed_block_ids(blocks: Any) -> list[int]:
+    """The ids of the blocks that hold a prefix-cache hash, the null block left out."""
+    return [b.block_id for b in blocks if b._block_hash is not None and not b.is_null]
+
+
+def split_freed(blocks: Any, pool: Any) -> tuple[list[int], list[int]]:
+    """Of blocks ``pool`` just freed, the ids now unreferenced: (cached, unhashed).
+
+    Left out: those still referenced, the null block and another pool's (whose
+    own pool reports them); cached ones keep their hash, unhashed ones have none.
+    """
+    cached: list[int] = []
+    freed: list[int] = []
+    for b in blocks:
+        if b.ref_cnt or b.is_null or (b.pool is not pool and b.pool is not None):
+            continue
+        (freed if b._block_hash is None else cached).append(b.block_id)
+    return cached, freed
 
 
 def evict_cached_block(pool: Any, block: Any) -> bool:

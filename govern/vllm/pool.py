@@ -127,11 +127,9 @@ class GovernedBlockPool(BlockPool):
         # its free queue, dropping the hash of those that still have one. Peek at them
         # first (one walk, cheaper than wrapping the per-block eviction call).
         if self.enable_caching and 0 < num_blocks <= self.free_block_queue.num_free_blocks:
-            extra = self.cached_block_hashes_by_block
-            evicted: list[KVCacheBlock] = []
-            for blk in fence.free_queue_ahead(self.free_block_queue, num_blocks):
-                if block_hash(blk) is not None or (extra and blk.block_id in extra):
-                    evicted.append(blk)
+            evicted = fence.hashed_ahead(
+                self.free_block_queue, num_blocks, self.cached_block_hashes_by_block
+            )
             if evicted:
                 self._kvgov_evicted(evicted, "capacity")
         blocks: list[KVCacheBlock] = super().get_new_blocks(num_blocks)
@@ -153,23 +151,15 @@ class GovernedBlockPool(BlockPool):
             request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs
         )
         if num_full_blocks > num_cached_blocks:
-            ids = [
-                b.block_id
-                for b in blocks[num_cached_blocks:num_full_blocks]
-                if block_hash(b) is not None and not b.is_null
-            ]
+            ids = fence.hashed_block_ids(blocks[num_cached_blocks:num_full_blocks])
             if ids and self.kvgov_keyed is not None:
                 self.kvgov_keyed(request, ids)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
         super().free_blocks(blocks)
-        cached: list[int] = []
-        freed: list[int] = []
-        for b in blocks:
-            if b.ref_cnt or b.is_null or (b.pool is not self and b.pool is not None):
-                continue  # still owned, the placeholder, or another pool's (it reports its own)
-            (freed if block_hash(b) is None else cached).append(b.block_id)
+        # still owned, the placeholder, or another pool's (it reports its own): left out
+        cached, freed = fence.split_freed(blocks, self)
         if cached:
             self.kvgov_events.append(BlocksCached(tuple(cached)))
         if freed:

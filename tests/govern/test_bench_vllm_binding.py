@@ -44,3 +44,16 @@ def test_bad_arguments_exit_2() -> None:
         check=False,
     )
     assert out.returncode == 2 and "--rounds" in out.stderr
+
+
+def test_the_target_is_1_10_at_1024_tokens_and_1_05_from_4096() -> None:
+    """#28's targets, by prompt length: what the RESULT target line is checked against."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench_vllm_binding
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    assert bench_vllm_binding.target_for(1024) == 1.10
+    assert bench_vllm_binding.target_for(4095) == 1.10
+    assert bench_vllm_binding.target_for(4096) == 1.05
+    assert bench_vllm_binding.target_for(16384) == 1.05

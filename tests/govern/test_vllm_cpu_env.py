@@ -80,4 +80,21 @@ def test_the_report_computes_rates_and_hit_rates(capsys: pytest.CaptureFixture[s
     assert figures["tok_s"] == pytest.approx(12.0)
     assert figures["ttft_p50_ms"] == pytest.approx(200.0)
     assert figures["ttft_p99_ms"] == pytest.approx(300.0)
-    assert "bank 75%, clinic 0%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bank 75%, clinic 0%" in out
+    # the tail names its requests: the slowest first, with what was cached
+    assert "slowest TTFT: 300 ms (part -1 #-1, bank, 100/100 cached)" in out
+
+
+def test_the_tail_net_of_isolation_leaves_out_what_only_stock_reused() -> None:
+    def r(tenant: str, ttft: float, cached: int, index: int) -> bench_vllm_e2e.Result:
+        return bench_vllm_e2e.Result(tenant, ttft, 160, cached, 8, part=0, index=index)
+
+    stock = [r("bank", 0.5, 0, 0), r("clinic", 0.2, 128, 1), r("bank", 0.1, 128, 2)]
+    # governed: the clinic's first request cannot reuse the bank's prompt, so it is cold
+    governed = [r("bank", 0.5, 0, 0), r("clinic", 0.9, 0, 1), r("bank", 0.1, 128, 2)]
+    missed, net = bench_vllm_e2e.like_for_like(stock, governed)
+    assert missed == 1
+    assert net["governed"]["ttft_p99_ms"] == pytest.approx(500.0)  # the 0.9 s one left out
+    assert net["stock"]["ttft_p99_ms"] == pytest.approx(500.0)
+    assert net["governed"]["ttft_p50_ms"] == pytest.approx(300.0)
