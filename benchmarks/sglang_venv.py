@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from vs_vllm_common import REPO, TORCH_PIN
-from vs_vllm_venv import _run
+from vs_vllm_common import REPO
+from vs_vllm_venv import install_pinned
 
 SGLANG_VERSION = "0.5.23"
 HERE = Path(__file__).resolve().parent / "sglang"
@@ -41,22 +40,10 @@ def ensure_sglang(venv: Path = DEFAULT_VENV) -> tuple[Path | None, str]:
     python = venv / "bin" / "python"
     if sglang_ready(python):
         return python, f"reusing {venv}"
-    base = shutil.which("python3") or sys.executable
     print(f"building the SGLang {SGLANG_VERSION} CPU venv at {venv} (~2.5 GB, ~2 min)", flush=True)
-    pip = [str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "--quiet"]
-    steps: list[tuple[list[str], str]] = []
-    if not python.is_file():
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        steps.append(([base, "-m", "venv", str(venv)], "create venv"))
-    steps += [
-        ([*pip, TORCH_PIN], "install torch"),
-        ([*pip, "--no-deps", f"sglang=={SGLANG_VERSION}"], "install sglang"),
-        ([*pip, "--no-deps", "-r", str(REQUIREMENTS)], "install sglang's requirements"),
-    ]
-    for cmd, what in steps:
-        why = _run(cmd, what)
-        if why is not None:
-            return None, why
+    why = install_pinned(venv, f"sglang=={SGLANG_VERSION}", REQUIREMENTS)
+    if why is not None:
+        return None, why
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,

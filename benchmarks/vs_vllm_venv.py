@@ -100,6 +100,29 @@ def _vllm_ready(python: Path) -> bool:
     return proc.returncode == 0
 
 
+def install_pinned(venv: Path, package: str, requirements: Path) -> str | None:
+    """Create ``venv`` if needed and install CPU torch, ``package`` and its pinned
+    requirements, all ``--no-deps`` (no CUDA dependency is pulled); None, or why not."""
+    python = venv / "bin" / "python"
+    pip = [str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "--quiet"]
+    steps: list[tuple[list[str], str]] = []
+    if not python.is_file():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        base = shutil.which("python3") or sys.executable
+        steps.append(([base, "-m", "venv", str(venv)], "create venv"))
+    name = package.split("==")[0]
+    steps += [
+        ([*pip, TORCH_PIN], "install torch"),
+        ([*pip, "--no-deps", package], f"install {name}"),
+        ([*pip, "--no-deps", "-r", str(requirements)], f"install {name}'s requirements"),
+    ]
+    for cmd, what in steps:
+        why = _run(cmd, what)
+        if why is not None:
+            return why
+    return None
+
+
 def ensure_vllm(venv: Path, install: bool) -> tuple[Path | None, str]:
     """Reuse or build the vLLM venv; return its python, or None and why not."""
     python = venv / "bin" / "python"
@@ -109,22 +132,10 @@ def ensure_vllm(venv: Path, install: bool) -> tuple[Path | None, str]:
         return None, f"no working vLLM {VLLM_VERSION} venv at {venv} and --no-install given"
     if not REQUIREMENTS.is_file():
         return None, f"{REQUIREMENTS} is missing (vLLM's CPU-only requirement pins)"
-    base = shutil.which("python3") or sys.executable
     print(f"building the vLLM {VLLM_VERSION} baseline venv at {venv} (~3 GB, ~2 min)", flush=True)
-    pip = [str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "--quiet"]
-    steps: list[tuple[list[str], str]] = []
-    if not python.is_file():
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        steps.append(([base, "-m", "venv", str(venv)], "create venv"))
-    steps += [
-        ([*pip, TORCH_PIN], "install torch"),
-        ([*pip, "--no-deps", f"vllm=={VLLM_VERSION}"], "install vllm"),
-        ([*pip, "--no-deps", "-r", str(REQUIREMENTS)], "install vllm's requirements"),
-    ]
-    for cmd, what in steps:
-        why = _run(cmd, what)
-        if why is not None:
-            return None, why
+    why = install_pinned(venv, f"vllm=={VLLM_VERSION}", REQUIREMENTS)
+    if why is not None:
+        return None, why
     if not _vllm_ready(python):
         return None, f"vLLM {VLLM_VERSION} installed at {venv} but does not import"
     return python, f"built {venv}"
