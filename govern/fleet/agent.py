@@ -131,7 +131,6 @@ class FleetAgent:
         self._seen: set[str] = set()
         self._results: deque[OrderResult] = deque()
         self._flush_lock = threading.Lock()
-        self._fetch_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -255,12 +254,10 @@ class FleetAgent:
         return self._store
 
     def _fetch(self, store: FleetStore) -> None:
-        # one fetcher at a time (the thread, sync): both could queue an order unseen yet
-        with self._fetch_lock:
-            fresh = [o for o in store.pending(self.engine_id) if o.order_id not in self._seen]
-            for order in fresh:
-                self._seen.add(order.order_id)
-                self._queue.put(order)
+        fresh = [o for o in store.pending(self.engine_id) if o.order_id not in self._seen]
+        for order in fresh:
+            self._seen.add(order.order_id)
+            self._queue.put(order)
         if fresh and self._on_order is not None:
             self._on_order()
 
