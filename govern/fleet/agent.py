@@ -126,6 +126,8 @@ class FleetAgent:
         self._beat = heartbeat_interval
         self._on_order = on_order
         self._queue: queue.SimpleQueue[Order] = queue.SimpleQueue()
+        # orders run whose effect completes later (Done.pending), engine's thread only
+        self._deferred: list[tuple[Order, Done]] = []
         self._seen: set[str] = set()
         self._results: deque[OrderResult] = deque()
         self._flush_lock = threading.Lock()
@@ -193,6 +195,10 @@ class FleetAgent:
     def registered(self) -> bool:
         """Whether the engine's row is written (the thread retries until it is)."""
         return self._registered
+
+    def has_orders(self) -> bool:
+        """Whether orders wait for :meth:`drain` (an idle engine should reach a boundary)."""
+        return not self._queue.empty()
 
     def pending_results(self) -> int:
         """Results executed here and not yet written to the database."""
@@ -317,14 +323,57 @@ class FleetAgent:
                 order = self._queue.get_nowait()
             except queue.Empty:
                 break
-            self._results.append(self._execute(order))
+            result = self._execute(order)
+            if result is not None:
+                self._results.append(result)
             ran += 1
         if ran:
             self.executed += ran
             self._wake.set()
+        self.settle()
         return ran
 
-    def _execute(self, order: Order) -> OrderResult:
+    def settle(self) -> int:
+        """Finish the orders whose effect completed since (:attr:`Done.pending`); call
+        it on the engine's thread, e.g. when a step came back. Never touches the database.
+
+        Returns:
+            How many orders it finished.
+        """
+        if not self._deferred:
+            return 0
+        waiting, finished = [], 0
+        for order, first in self._deferred:
+            try:
+                final = first.pending() if first.pending is not None else first
+            except KVGovError as exc:
+                event_id = self._event(order, "failed", error=str(exc))
+                self._results.append(
+                    self._result(order, "failed", False, event_id, {"error": str(exc)})
+                )
+                finished += 1
+                continue
+            if final is None:
+                waiting.append((order, first))
+                continue
+            detail = {**first.detail, **final.detail}
+            event_id = self._event(
+                order,
+                "confirmed",
+                evidence_event_id=first.event_id,
+                verified=final.verified is True,
+                **detail,
+            )
+            status = "completed" if final.verified is not False else "unverified"
+            _log.info("fleet_order_done", order_id=order.order_id, kind=order.kind, status=status)
+            self._results.append(self._result(order, status, final.verified, event_id, detail))
+            finished += 1
+        self._deferred = waiting
+        if finished:
+            self._wake.set()
+        return finished
+
+    def _execute(self, order: Order) -> OrderResult | None:
         why = verify_order(order, self._operators)
         if why is not None:
             event_id = self._event(order, "refused", reason=why, signer_key_id=order.signer_key_id)
@@ -336,6 +385,9 @@ class FleetAgent:
             event_id = self._event(order, "failed", error=str(exc))
             _log.error("fleet_order_failed", order_id=order.order_id, error=str(exc))
             return self._result(order, "failed", False, event_id, {"error": str(exc)})
+        if done.pending is not None:  # finished by settle()
+            self._deferred.append((order, done))
+            return None
         status = "completed" if done.verified is not False else "unverified"
         _log.info("fleet_order_done", order_id=order.order_id, kind=order.kind, status=status)
         return self._result(order, status, done.verified, done.event_id, done.detail)

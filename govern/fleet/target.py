@@ -3,7 +3,7 @@ native binding's adapter, :class:`NativeTarget` (``GovernedKVCache``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,11 +16,19 @@ __all__ = ["Done", "FleetTarget", "NativeTarget"]
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """What executing an order produced: its evidence event and whether it verified."""
+    """What executing an order produced: its evidence event and whether it verified.
+
+    ``pending``: the order's effect completes later (a vLLM engine's workers zero the
+    erased blocks in the step that carries them): the agent calls it at each step
+    boundary until it returns the final :class:`Done` (None meanwhile), then records
+    a ``fleet_order`` event (``outcome: confirmed``) naming this one's event, and the
+    result.
+    """
 
     event_id: str | None
     verified: bool | None
     detail: Mapping[str, Any] = field(default_factory=dict)
+    pending: Callable[[], Done | None] | None = None
 
 
 class FleetTarget(Protocol):

@@ -16,12 +16,14 @@ points vLLM itself calls:
                                   governs the KV connector by kind or refuses it by name
 ``add_request``                   scope, admission, namespace, keyed hasher; a refused
                                   request is kept out of the queues
-``schedule``                      retention sweep first (vLLM's own schedule follows)
+``schedule``                      the fleet's queued orders, then the retention sweep
+                                  (vLLM's own schedule follows)
 ``_get_new_block_ids_to_zero``    the ids that left an owner go to this step's workers
                                   (through :class:`.fence.SchedulerOverrides`)
-``has_requests``                  also true while zeroing or a refusal is pending, so an
-                                  idle engine runs the step that carries them
-``update_from_output``            "done" for the step's zeroing; refusals reach clients
+``has_requests``                  also true while zeroing, a refusal or a fleet order is
+                                  pending, so an idle engine runs the step that carries them
+``update_from_output``            "done" for the step's zeroing; refusals reach clients;
+                                  fleet orders whose zeroing the step carried complete
 ``shutdown``                      flushes and closes the audit trail
 ================================  ==================================================
 
@@ -43,10 +45,11 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.request import RequestStatus
 
+from kvgov import __version__
 from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 
 from ..erasure import SCOPE_FILTERS
-from . import fence, groups, plugin
+from . import fence, fleet_target, groups, plugin
 from .binding import VllmGovernance
 from .connectors import ConnectorGovernance
 from .manager import GovernedKVCacheManager
@@ -74,6 +77,8 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
     kvgov: VllmGovernance | None = None
     #: The KV connector's governance; None without a connector.
     kvgov_connector: ConnectorGovernance | None = None
+    #: The fleet agent's hooks (docs/fleet.md); None without ``fleet_url``.
+    kvgov_fleet: fleet_target.VllmFleet | None = None
 
     # vLLM's scheduler attributes the governance uses (set by vLLM's __init__)
     vllm_config: Any
@@ -108,6 +113,18 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
             except BaseException:
                 binding.close()
                 raise
+        try:
+            self.kvgov_fleet = fleet_target.open_fleet(
+                BindingSettings.load(
+                    getattr(self.vllm_config, "additional_config", None), os.environ
+                ),
+                binding,
+                self.kvgov_live,
+                {"kvgov": __version__, "vllm": fence.VLLM_VERSION},
+            )
+        except BaseException:
+            binding.close()
+            raise
         #: read by the plugin's engine hook: the engine need not hash requests
         self.kvgov_defers_hashing = True
 
@@ -130,6 +147,8 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         self._kvgov_refused[request.request_id] = (request, refusal)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.kvgov_fleet is not None:
+            self.kvgov_fleet.boundary()
         if self.kvgov is not None:
             self.kvgov.sweep_due()
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -149,7 +168,11 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         if super().has_requests():  # type: ignore[misc]
             return True
         binding = self.kvgov
-        return binding is not None and (binding.zero_pending() or bool(self._kvgov_refused))
+        return binding is not None and (
+            binding.zero_pending()
+            or bool(self._kvgov_refused)
+            or (self.kvgov_fleet is not None and self.kvgov_fleet.has_orders())
+        )
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
@@ -162,6 +185,8 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         binding.step_returned(
             scheduler_output.new_block_ids_to_zero, has_requests=self.has_requests
         )
+        if self.kvgov_fleet is not None:
+            self.kvgov_fleet.step_returned(scheduler_output.new_block_ids_to_zero)
         return outputs
 
     def _kvgov_deliver_refusals(self, outputs: dict[int, Any]) -> None:
@@ -182,8 +207,12 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
-            if self.kvgov is not None:
-                self.kvgov.close()
+            try:
+                if self.kvgov_fleet is not None:
+                    self.kvgov_fleet.stop()
+            finally:
+                if self.kvgov is not None:
+                    self.kvgov.close()
 
     # ------------------------------------------------------------------ operations
 

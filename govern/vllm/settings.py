@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from kvgov import defaults
 from kvgov.exceptions import BindingConfigError
@@ -71,6 +75,18 @@ class BindingSettings:
         connector_kinds: third-party KV connector classes the operator vouches for,
             ``{"package.module.ClassName": "block_hashes" | "cache_salt"}``
             (:mod:`kvgov.govern.vllm.connectors`); from the environment as JSON text.
+        fleet_url: the fleet's database (docs/fleet.md); set, the engine runs a fleet
+            agent that registers it and runs the operators' signed orders between
+            steps; None runs none.
+        fleet_engine_id: the engine's id in the fleet, stable across restarts (a
+            restarted engine runs the orders it missed); None takes ``worker_id``.
+        fleet_operator_keys_file: a PEM file of the operators' Ed25519 public keys (one
+            or more); orders signed by any other key are refused. Its owner's alone
+            (no bit of ``077`` in its mode), like every key file kvgov reads: who may
+            write it may order the engine.
+        fleet_poll_interval: seconds between the agent's polls of the database
+            (PostgreSQL also wakes it by ``NOTIFY``); an idle engine runs an order
+            within about this long after it is issued.
     """
 
     audit_url: str = defaults.AUDIT_URL
@@ -88,6 +104,10 @@ class BindingSettings:
     model_revision: str | None = None
     tokenizer_revision: str | None = None
     connector_kinds: Mapping[str, Any] | None = None
+    fleet_url: str | None = None
+    fleet_engine_id: str | None = None
+    fleet_operator_keys_file: str | None = None
+    fleet_poll_interval: float = 1.0
 
     @classmethod
     def load(
@@ -144,11 +164,57 @@ class BindingSettings:
         from_env = environ.get(defaults.SCOPE_TOKEN_KEY_ENV)
         return from_env.encode("utf-8") if from_env else None
 
+    def fleet_engine(self) -> str:
+        """The engine's fleet id: ``fleet_engine_id``, else ``worker_id``.
+
+        Raises:
+            BindingConfigError: neither is set (an id drawn per process would make a
+                restarted engine miss the orders issued while it was down).
+        """
+        engine_id = self.fleet_engine_id or self.worker_id
+        if engine_id is None:
+            raise BindingConfigError(
+                "fleet_engine_id", None, "set with fleet_url (or set worker_id): a stable id"
+            )
+        return engine_id
+
+    def fleet_operator_keys(self) -> list[Ed25519PublicKey]:
+        """The operators' public keys from ``fleet_operator_keys_file``.
+
+        Raises:
+            BindingConfigError: no file named, it cannot be read, group or others may
+                access it, or it holds no Ed25519 public key (or anything else).
+        """
+        setting = "fleet_operator_keys_file"
+        raw = _read_secret(setting, self.fleet_operator_keys_file)
+        if raw is None:
+            raise BindingConfigError(
+                setting, None, "set with fleet_url: the operators' public keys"
+            )
+        keys: list[Ed25519PublicKey] = []
+        for block in _PEM_BLOCK.findall(raw):
+            try:
+                key = load_pem_public_key(block)
+            except ValueError:
+                key = None
+            if not isinstance(key, Ed25519PublicKey):
+                raise BindingConfigError(
+                    setting, self.fleet_operator_keys_file, "PEM Ed25519 public keys only"
+                )
+            keys.append(key)
+        if not keys:
+            raise BindingConfigError(
+                setting, self.fleet_operator_keys_file, "at least one PEM Ed25519 public key"
+            )
+        return keys
+
 
 #: Every setting's name, in declaration order.
 SETTINGS = tuple(f.name for f in fields(BindingSettings))
 _BOOLS = {"ephemeral_secret", "require_scope_token"}
-_FLOATS = {"scope_token_max_ttl"}
+_FLOATS = {"scope_token_max_ttl", "fleet_poll_interval"}
+#: One PEM block of any kind (a private key among them is refused: not a public key).
+_PEM_BLOCK = re.compile(rb"-----BEGIN [A-Z ]+-----.+?-----END [A-Z ]+-----", re.DOTALL)
 _MAPPINGS = {"policy_data", "connector_kinds"}
 
 
