@@ -129,6 +129,7 @@ class FleetAgent:
         # orders run whose effect completes later (Done.pending), engine's thread only
         self._deferred: list[tuple[Order, Done]] = []
         self._seen: set[str] = set()
+        self._seen_lock = threading.Lock()
         self._results: deque[OrderResult] = deque()
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
@@ -254,9 +255,13 @@ class FleetAgent:
         return self._store
 
     def _fetch(self, store: FleetStore) -> None:
-        fresh = [o for o in store.pending(self.engine_id) if o.order_id not in self._seen]
+        pending = list(store.pending(self.engine_id))
+        # sync() on the caller's thread and the agent's own thread both fetch: the check
+        # and the mark are one step, so an order both read is queued (and runs) once
+        with self._seen_lock:
+            fresh = [o for o in pending if o.order_id not in self._seen]
+            self._seen.update(o.order_id for o in fresh)
         for order in fresh:
-            self._seen.add(order.order_id)
             self._queue.put(order)
         if fresh and self._on_order is not None:
             self._on_order()

@@ -8,8 +8,10 @@ a rollout changes the revision so that no decision of the old bundle is served.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,3 +214,31 @@ def test_results_are_written_once_when_two_threads_flush_them(
     assert ran == len(ids)
     with FleetStore(fleet_url, auto_upgrade=False) as store:
         assert sorted(r.order_id for r in store.results()) == sorted(ids)
+
+
+def test_an_order_two_threads_fetch_at_once_is_queued_once(
+    fleet_url: str, make_cache: CacheFactory, operator: SigningKey
+) -> None:
+    """sync() and the agent's thread both read the pending orders before either marks
+    them seen: the order is queued, and runs, once (a replayed order executes once)."""
+    cache = make_cache(audit_url=fleet_url)
+    agent = _agent(fleet_url, "native-1", cache, operator)
+    _issue(fleet_url, operator, "purge", {"tenant": "acme"})
+    with FleetStore(fleet_url, auto_upgrade=False) as store:
+        pending = store.pending("native-1")
+    both_read = threading.Barrier(2)
+
+    class Racing:
+        def pending(self, engine_id: str) -> Iterator[object]:
+            yield from pending
+            both_read.wait(timeout=10)  # neither marks the order before both have read it
+
+    racing: Any = Racing()
+    threads = [threading.Thread(target=agent._fetch, args=(racing,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    cache.admit("s2", make_scope(tenant="globex"), [5, 6, 7, 8])  # a step boundary
+    assert agent.executed == 1
+    agent.stop()
