@@ -93,7 +93,7 @@ class Transfer:
 
 
 @dataclass
-class GovernedKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
+class GovernedKVMetadata(KVConnectorMetadata):
     """Scheduler -> workers, per step."""
 
     loads: list[Transfer] = field(default_factory=list)
@@ -103,7 +103,7 @@ class GovernedKVMetadata(KVConnectorMetadata):  # type: ignore[misc]
 
 
 @dataclass
-class GovernedWorkerReports(KVConnectorWorkerMetadata):  # type: ignore[misc]
+class GovernedWorkerReports(KVConnectorWorkerMetadata):
     """Workers -> scheduler, per step: what each transfer did (the scheduler audits it)."""
 
     #: (what, req_id, block_ids, outcome, detail): what is "save", "load" or "refused"
@@ -136,7 +136,7 @@ def _open_store(settings: FleetSettings) -> FleetStore:
     )
 
 
-class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
+class GovernedKVConnector(KVConnectorBase_V1):
     """kvgov's own KV connector (see the module docstring).
 
     Raises:
@@ -146,7 +146,8 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        extra = self._kv_transfer_config.kv_connector_extra_config
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.kvgov_kv_cache_config = kv_cache_config
         self.settings = FleetSettings.from_extra(extra)
         self.block_size: int = vllm_config.cache_config.block_size
         self.fleet = _open_store(self.settings)
@@ -155,57 +156,60 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
             prefill_tokens_per_s=self.settings.prefill_tokens_per_s,
         )
         # scheduler side
-        self._binding: Any = None
-        self._pending: dict[str, tuple[int, tuple[bytes, ...]]] = {}
-        self._loads: list[Transfer] = []
-        self._requests: dict[str, Any] = {}
-        self._block_ids: dict[str, list[int]] = {}
-        self._saved: dict[str, int] = {}
-        self._tracked: OrderedDict[str, Any] = OrderedDict()
-        self._known: OrderedDict[bytes, tuple[bytes, CacheScope]] = OrderedDict()
+        self.kvgov_binding: Any = None
+        self.kvgov_pending: dict[str, tuple[int, tuple[bytes, ...]]] = {}
+        self.kvgov_loads: list[Transfer] = []
+        self.kvgov_requests: dict[str, Any] = {}
+        self.kvgov_block_ids: dict[str, list[int]] = {}
+        self.kvgov_saved: dict[str, int] = {}
+        self.kvgov_tracked: OrderedDict[str, Any] = OrderedDict()
+        self.kvgov_known: OrderedDict[bytes, tuple[bytes, CacheScope]] = OrderedDict()
         #: audited outcomes, by kind (metrics)
         self.counts: dict[str, int] = {}
         # worker side
-        self._kv: list[tuple[str, torch.Tensor, int]] = []
-        self._errors: set[int] = set()
-        self._out = GovernedWorkerReports()
-        self._step_start = 0.0
-        self._load_seconds = 0.0
+        self.kvgov_kv: list[tuple[str, torch.Tensor, int]] = []
+        self.kvgov_errors: set[int] = set()
+        self.kvgov_out = GovernedWorkerReports()
+        self.kvgov_step_start = 0.0
+        self.kvgov_load_seconds = 0.0
+        self.kvgov_meta: KVConnectorMetadata | None = None
 
     # ================================================================== scheduler side
 
     def kvgov_bind(self, binding: Any) -> None:
         """Called by the governed scheduler once its binding is open: erasure reaches the tier."""
-        self._binding = binding
-        binding.gov.offload = ConnectorOffloading(self.fleet, self._names, lambda: self._known)
+        self.kvgov_binding = binding
+        binding.gov.offload = ConnectorOffloading(
+            self.fleet, self.kvgov_names, lambda: self.kvgov_known
+        )
 
-    def _names(self) -> FleetNames:
-        return FleetNames(self._binding.gov.deriver)
+    def kvgov_names(self) -> FleetNames:
+        return FleetNames(self.kvgov_binding.gov.deriver)
 
-    def _count(self, what: str) -> None:
+    def kvgov_count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
-    def _remember(self, state: Any) -> None:
+    def kvgov_remember(self, state: Any) -> None:
         view = state.view
-        self._known[view.digest] = (view.own_root, view.scope)
-        self._known.move_to_end(view.digest)
-        if len(self._known) > _MAX_KNOWN:
-            self._known.popitem(last=False)
+        self.kvgov_known[view.digest] = (view.own_root, view.scope)
+        self.kvgov_known.move_to_end(view.digest)
+        if len(self.kvgov_known) > _MAX_KNOWN:
+            self.kvgov_known.popitem(last=False)
 
-    def _governed(self, request: Any) -> tuple[Any, str | None]:
+    def kvgov_governed(self, request: Any) -> tuple[Any, str | None]:
         """The request's governance, and why it may not use the tier (None: it may)."""
         state = fence.governance_of(request)
-        if state is None or self._binding is None:
+        if state is None or self.kvgov_binding is None:
             return None, "ungoverned"
         if not state.cacheable:
             return state, "not_cacheable"
         if state.shared:
             return state, "share_group"
-        if state.scope.tenant in self._binding.gov.ledger.purging:
+        if state.scope.tenant in self.kvgov_binding.gov.ledger.purging:
             return state, "purging"
         return state, None
 
-    def _audit(
+    def kvgov_audit(
         self,
         state: Any,
         etype: str,
@@ -214,8 +218,8 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         reused: int | None = None,
         **details: Any,
     ) -> None:
-        self._count(str(details.get("outcome", etype)))
-        self._binding.gov.audit.record(
+        self.kvgov_count(str(details.get("outcome", etype)))
+        self.kvgov_binding.gov.audit.record(
             AuditEvent(
                 type=etype,
                 **{**state.view.fields, "requester_tenant": state.scope.tenant},
@@ -226,13 +230,13 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         )
 
-    def _miss(self, state: Any, reason: str) -> tuple[int, bool]:
-        self._audit(state, EventType.OFFLOAD_RESTORE, reused=0, outcome="miss", reason=reason)
+    def kvgov_miss(self, state: Any, reason: str) -> tuple[int, bool]:
+        self.kvgov_audit(state, EventType.OFFLOAD_RESTORE, reused=0, outcome="miss", reason=reason)
         return 0, False
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        self._pending.pop(request.request_id, None)
-        state, why = self._governed(request)
+        self.kvgov_pending.pop(request.request_id, None)
+        state, why = self.kvgov_governed(request)
         if state is None:
             return 0, False
         start = num_computed_tokens // self.block_size
@@ -240,30 +244,32 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if end <= start:
             return 0, False  # nothing beyond the device's hit to look up
         if why is not None:
-            return self._miss(state, why)
-        self._remember(state)
+            return self.kvgov_miss(state, why)
+        self.kvgov_remember(state)
         if not self.cost.pays(self.block_size):
             self.cost.skip("load")
-            return self._miss(state, "recompute_cheaper")
+            return self.kvgov_miss(state, "recompute_cheaper")
         keys = tuple(bytes(h) for h in request.block_hashes[start:end])
         found = self.fleet.present(list(keys))
         if found is None:
-            return self._miss(state, "unavailable")
+            return self.kvgov_miss(state, "unavailable")
         if found == 0:
-            return self._miss(state, "absent")
-        self._pending[request.request_id] = (start, keys[:found])
+            return self.kvgov_miss(state, "absent")
+        self.kvgov_pending[request.request_id] = (start, keys[:found])
         return found * self.block_size, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        pending = self._pending.pop(request.request_id, None)
+        pending = self.kvgov_pending.pop(request.request_id, None)
         if pending is None or num_external_tokens <= 0:
             return
         state = fence.governance_of(request)
+        if state is None:
+            return
         start, keys = pending
         n = num_external_tokens // self.block_size
         ids = blocks.get_block_ids()[0][start : start + n]
-        names = self._names()
-        self._loads.append(
+        names = self.kvgov_names()
+        self.kvgov_loads.append(
             Transfer(
                 request.request_id,
                 tuple(ids),
@@ -272,64 +278,64 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 names.tenant(state.scope.tenant),
             )
         )
-        self._track(request.request_id, state)
+        self.kvgov_track(request.request_id, state)
 
-    def _track(self, req_id: str, state: Any) -> None:
-        self._tracked[req_id] = state
-        self._tracked.move_to_end(req_id)
-        if len(self._tracked) > _MAX_TRACKED:
-            self._tracked.popitem(last=False)
+    def kvgov_track(self, req_id: str, state: Any) -> None:
+        self.kvgov_tracked[req_id] = state
+        self.kvgov_tracked.move_to_end(req_id)
+        if len(self.kvgov_tracked) > _MAX_TRACKED:
+            self.kvgov_tracked.popitem(last=False)
 
     def on_new_request(self, request: Any) -> None:
-        self._requests[request.request_id] = request
+        self.kvgov_requests[request.request_id] = request
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         so = scheduler_output
-        meta = GovernedKVMetadata(loads=self._loads, tokens=so.total_num_scheduled_tokens)
-        self._loads = []
+        meta = GovernedKVMetadata(loads=self.kvgov_loads, tokens=so.total_num_scheduled_tokens)
+        self.kvgov_loads = []
         progress: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
-            self._block_ids[new.req_id] = list(new.block_ids[0])
+            self.kvgov_block_ids[new.req_id] = list(new.block_ids[0])
             progress[new.req_id] = new.num_computed_tokens
-            self._saved.setdefault(new.req_id, new.num_computed_tokens // self.block_size)
+            self.kvgov_saved.setdefault(new.req_id, new.num_computed_tokens // self.block_size)
         cached = so.scheduled_cached_reqs
-        resumed = getattr(cached, "resumed_req_ids", set())
+        resumed: set[str] = getattr(cached, "resumed_req_ids", set())
         for i, req_id in enumerate(cached.req_ids):
             ids = cached.new_block_ids[i]
             if ids is not None:
                 if req_id in resumed:
-                    self._block_ids[req_id] = list(ids[0])
+                    self.kvgov_block_ids[req_id] = list(ids[0])
                 else:
-                    self._block_ids.setdefault(req_id, []).extend(ids[0])
+                    self.kvgov_block_ids.setdefault(req_id, []).extend(ids[0])
             progress[req_id] = cached.num_computed_tokens[i]
         for req_id, computed in progress.items():
-            save = self._save_of(req_id, computed + so.num_scheduled_tokens.get(req_id, 0))
+            save = self.kvgov_save_of(req_id, computed + so.num_scheduled_tokens.get(req_id, 0))
             if save is not None:
                 meta.saves.append(save)
         return meta
 
-    def _save_of(self, req_id: str, computed: int) -> Transfer | None:
+    def kvgov_save_of(self, req_id: str, computed: int) -> Transfer | None:
         """The blocks of ``req_id`` this step fills that go to the tier, or None."""
-        request = self._requests.get(req_id)
+        request = self.kvgov_requests.get(req_id)
         if request is None:
             return None
-        first = self._saved.get(req_id, 0)
+        first = self.kvgov_saved.get(req_id, 0)
         last = min(computed // self.block_size, len(request.block_hashes))
-        ids = self._block_ids.get(req_id, [])
+        ids = self.kvgov_block_ids.get(req_id, [])
         last = min(last, len(ids))
         if last <= first:
             return None
-        self._saved[req_id] = last
-        state, why = self._governed(request)
+        self.kvgov_saved[req_id] = last
+        state, why = self.kvgov_governed(request)
         if state is None or why is not None or state.plan.ttl is None:
             return None
         if not self.cost.pays(self.block_size):
             self.cost.skip("save")
-            self._count("save_skipped")
+            self.kvgov_count("save_skipped")
             return None
-        self._remember(state)
-        self._track(req_id, state)
-        names = self._names()
+        self.kvgov_remember(state)
+        self.kvgov_track(req_id, state)
+        names = self.kvgov_names()
         return Transfer(
             req_id,
             tuple(ids[first:last]),
@@ -340,24 +346,29 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
-        for table in (self._requests, self._block_ids, self._saved, self._pending):
-            table.pop(request.request_id, None)  # type: ignore[attr-defined]
+        for table in (
+            self.kvgov_requests,
+            self.kvgov_block_ids,
+            self.kvgov_saved,
+            self.kvgov_pending,
+        ):
+            table.pop(request.request_id, None)
         return False, None
 
     def update_connector_output(self, connector_output: Any) -> None:
         out = connector_output.kv_connector_worker_meta
-        if not isinstance(out, GovernedWorkerReports) or self._binding is None:
+        if not isinstance(out, GovernedWorkerReports) or self.kvgov_binding is None:
             return
         for nbytes, seconds, blocks in out.restores:
             self.cost.restored(nbytes, seconds, blocks)
         for tokens, seconds in out.prefills:
             self.cost.prefilled(tokens, seconds)
         for what, req_id, ids, outcome, detail in out.reports:
-            state = self._tracked.get(req_id)
+            state = self.kvgov_tracked.get(req_id)
             if state is None:
                 continue
             if what == "save":
-                self._audit(
+                self.kvgov_audit(
                     state,
                     EventType.OFFLOAD,
                     block_ids=ids,
@@ -365,7 +376,7 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     tier=self.settings.tier_name,
                 )
             elif what == "refused":
-                self._audit(
+                self.kvgov_audit(
                     state,
                     EventType.OFFLOAD_REFUSED,
                     block_ids=ids,
@@ -375,7 +386,7 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     tier=self.settings.tier_name,
                 )
             elif outcome != "loaded":
-                self._audit(
+                self.kvgov_audit(
                     state,
                     EventType.OFFLOAD_RESTORE,
                     block_ids=ids,
@@ -384,7 +395,7 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     reason=outcome,
                 )
             else:
-                self._count("loaded")
+                self.kvgov_count("loaded")
 
     def kvgov_metrics(self) -> dict[str, Any]:
         """The connector's counters and the cost figures behind its decisions."""
@@ -394,8 +405,8 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Remember each layer's KV tensor and the dimension that indexes blocks."""
-        num_blocks = self._kv_cache_config.num_blocks
-        self._kv = []
+        num_blocks = self.kvgov_kv_cache_config.num_blocks
+        self.kvgov_kv = []
         for name in sorted(kv_caches):
             tensor = kv_caches[name]
             dims = [d for d, size in enumerate(tensor.shape) if size == num_blocks]
@@ -404,62 +415,72 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     f"a KV cache layout without a dimension of {num_blocks} blocks (layer {name})",
                     "use an attention backend whose KV tensors index blocks in one dimension",
                 )
-            self._kv.append((name, tensor, dims[0]))
+            self.kvgov_kv.append((name, tensor, dims[0]))
 
-    def _block_views(self, block_id: int) -> list[torch.Tensor]:
-        return [t.select(dim, block_id) for _n, t, dim in self._kv]
+    def kvgov_block_views(self, block_id: int) -> list[torch.Tensor]:
+        return [t.select(dim, block_id) for _n, t, dim in self.kvgov_kv]
 
-    def _payload(self, block_id: int) -> bytes:
+    def kvgov_payload(self, block_id: int) -> bytes:
         return b"".join(
             v.contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
-            for v in self._block_views(block_id)
+            for v in self.kvgov_block_views(block_id)
         )
 
-    def _fill(self, block_id: int, data: memoryview) -> None:
+    def kvgov_fill(self, block_id: int, data: memoryview) -> None:
         pos = 0
-        for view in self._block_views(block_id):
+        for view in self.kvgov_block_views(block_id):
             n = view.numel() * view.element_size()
             src = torch.frombuffer(data, dtype=torch.uint8, count=n, offset=pos)
             view.copy_(src.view(view.dtype).reshape(view.shape))
             pos += n
 
-    def _block_nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self._block_views(0))
+    def kvgov_block_nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.kvgov_block_views(0))
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self.kvgov_meta = connector_metadata
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self.kvgov_meta = None
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
+        meta = self.kvgov_meta
         started = time.perf_counter()
         if isinstance(meta, GovernedKVMetadata):
             for load in meta.loads:
-                self._load(load)
-        self._load_seconds = time.perf_counter() - started
-        self._step_start = time.perf_counter()
+                self.kvgov_load(load)
+        self.kvgov_load_seconds = time.perf_counter() - started
+        self.kvgov_step_start = time.perf_counter()
 
-    def _load(self, load: Transfer) -> None:
-        scratch = bytearray(self._block_nbytes())
+    def kvgov_load(self, load: Transfer) -> None:
+        scratch = bytearray(self.kvgov_block_nbytes())
         done = 0
         started = time.perf_counter()
         try:
             for i, (block_id, key) in enumerate(zip(load.block_ids, load.block_keys, strict=True)):
                 got = self.fleet.load(key, load.scope, load.tenant, into=scratch)
                 for refusal in got.refusals:
-                    self._out.reports.append(
+                    self.kvgov_out.reports.append(
                         ("refused", load.req_id, (block_id,), str(refusal.reason), refusal.detail)
                     )
                 if not got.hit:
-                    self._errors.update(load.block_ids[i:])
-                    self._out.reports.append(
+                    self.kvgov_errors.update(load.block_ids[i:])
+                    self.kvgov_out.reports.append(
                         ("load", load.req_id, tuple(load.block_ids[i:]), str(got.reason), "")
                     )
                     break
-                self._fill(block_id, memoryview(scratch))
+                self.kvgov_fill(block_id, memoryview(scratch))
                 done += 1
         finally:
             scratch[:] = bytes(len(scratch))
         if done:
             seconds = time.perf_counter() - started
-            self._out.restores.append((done * len(scratch), seconds, done))
-            self._out.reports.append(("load", load.req_id, load.block_ids[:done], "loaded", ""))
+            self.kvgov_out.restores.append((done * len(scratch), seconds, done))
+            self.kvgov_out.reports.append(
+                ("load", load.req_id, load.block_ids[:done], "loaded", "")
+            )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -468,31 +489,33 @@ class GovernedKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return None
 
     def wait_for_save(self) -> None:
-        meta = self._get_connector_metadata()
+        meta = self.kvgov_meta
         if not isinstance(meta, GovernedKVMetadata):
             return
-        if meta.tokens and self._step_start:
-            self._out.prefills.append((meta.tokens, time.perf_counter() - self._step_start))
+        if meta.tokens and self.kvgov_step_start:
+            self.kvgov_out.prefills.append(
+                (meta.tokens, time.perf_counter() - self.kvgov_step_start)
+            )
         for save in meta.saves:
             stored = []
             outcome = PutOutcome.STORED.value
             for block_id, key in zip(save.block_ids, save.block_keys, strict=True):
                 result = self.fleet.save(
-                    key, save.scope, save.tenant, save.deadline, self._payload(block_id)
+                    key, save.scope, save.tenant, save.deadline, self.kvgov_payload(block_id)
                 )
                 put = result.puts[0].outcome
                 if put is not PutOutcome.STORED:
                     outcome = put.value
                     break
                 stored.append(block_id)
-            self._out.reports.append(("save", save.req_id, tuple(stored), outcome, ""))
+            self.kvgov_out.reports.append(("save", save.req_id, tuple(stored), outcome, ""))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._errors = self._errors, set()
+        errors, self.kvgov_errors = self.kvgov_errors, set()
         return errors
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        out, self._out = self._out, GovernedWorkerReports()
+        out, self.kvgov_out = self.kvgov_out, GovernedWorkerReports()
         if not (out.reports or out.restores or out.prefills):
             return None
         return out

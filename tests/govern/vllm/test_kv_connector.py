@@ -191,10 +191,10 @@ def test_a_purge_on_one_server_shreds_the_tenants_objects_for_the_fleet(
 
     for key, blob in backup.items():  # a backup of Redis restored: nothing in it decrypts
         client.set(key, blob)
-    names = two.conn._names()
+    names = two.conn.kvgov_names()
     for key in backup:
         block_key = bytes.fromhex(key.rsplit(b":", 1)[1].decode())
-        ((digest, (root, _scope)),) = two.conn._known.items()  # A's one scope
+        ((digest, (root, _scope)),) = two.conn.kvgov_known.items()  # A's one scope
         got = two.conn.fleet.load(block_key, names.scope(root, digest), names.tenant("A"))
         assert not got.hit
         assert {r.reason for r in got.refusals} == {MissReason.KEY_DESTROYED}
