@@ -249,6 +249,23 @@ class RedisTier:
             return None
         return decode(blob, tier=self._name, block_key=block_key)
 
+    def exists(self, block_keys: list[bytes]) -> list[bool]:
+        """Whether an object is stored under each key (one pipelined round trip, no touch).
+
+        Raises:
+            TierUnavailable: Redis cannot be reached.
+        """
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in block_keys:
+                pipe.exists(self.object_key(key))
+            return pipe.execute()
+
+        if not block_keys:
+            return []
+        return [bool(n) for n in self._call("exists", read)]
+
     def delete(self, block_key: bytes) -> ObjectInfo | None:
         """Delete the object for ``block_key``; returns its info, or None."""
         member = block_key.hex()

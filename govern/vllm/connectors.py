@@ -66,7 +66,7 @@ class ConnectorKind(enum.StrEnum):
 #: Connector classes governed out of the box, by ``module.QualifiedName``.
 GOVERNED: Mapping[str, ConnectorKind] = {
     _V1 + "offloading_connector.OffloadingConnector": ConnectorKind.BLOCK_HASHES,
-    "kvgov.govern.vllm.connector.GovernedKVConnector": ConnectorKind.BLOCK_HASHES,
+    "kvgov.govern.vllm.kv_connector.GovernedKVConnector": ConnectorKind.BLOCK_HASHES,
     _V1 + "lmcache_connector.LMCacheConnectorV1": ConnectorKind.CACHE_SALT,
     _V1 + "lmcache_mp_connector.LMCacheMPConnector": ConnectorKind.CACHE_SALT,
 }
@@ -121,7 +121,7 @@ def classify(connector: Any, declared: Mapping[str, Any] | None = None) -> Conne
     raise UnsupportedEngine(
         f"the KV connector {path} ({why})",
         "use a connector that keys by request.block_hashes (OffloadingConnector, "
-        "kvgov.govern.vllm.connector.GovernedKVConnector) or honours cache_salt (LMCache)",
+        "kvgov.govern.vllm.kv_connector.GovernedKVConnector) or honours cache_salt (LMCache)",
     )
 
 
@@ -161,6 +161,9 @@ class ConnectorGovernance:
             return result
 
         connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+        bind = getattr(connector, "kvgov_bind", None)
+        if callable(bind) and kind is ConnectorKind.BLOCK_HASHES and self.name in GOVERNED:
+            bind(binding)  # kvgov's own connector: erasure reaches its tier
 
     @classmethod
     def attach(

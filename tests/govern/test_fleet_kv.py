@@ -1,0 +1,176 @@
+"""The fleet tier behind GovernedKVConnector, without vLLM: names, cost rule, sealed save/load.
+
+Real Redis (127.0.0.1:6379, a unique prefix per test) and two stores sharing it and one
+key store, as two engines of a fleet do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from kvgov.exceptions import BindingConfigError
+from kvgov.govern.fleet_kv import (
+    ConnectorOffloading,
+    CostModel,
+    FleetNames,
+    FleetSettings,
+    FleetStore,
+)
+from kvgov.govern.keys import KeyDeriver
+from kvgov.govern.scope import CacheScope
+from kvgov.offload import LocalKEK, MissReason, PutOutcome, RedisTier
+from tests.support.offload import MemoryKeyStore
+from tests.support.redis import SHARED_REDIS
+
+KEK = LocalKEK(b"k" * 32)
+NAMES = FleetNames(KeyDeriver(b"s" * 32))
+TENANT = "acme-private-bank"
+SCOPE = NAMES.scope(b"r" * 32, b"d" * 32)
+PAYLOAD = bytes(range(256)) * 64
+DEADLINE = 4e9
+
+
+def _scope(classification: str) -> CacheScope:
+    return CacheScope(
+        tenant=TENANT,
+        classification=classification,
+        model="m",
+        model_revision="r",
+        tokenizer="t",
+        tokenizer_revision="r",
+        template_version="v",
+    )
+
+
+def _store(prefix: str, keys: MemoryKeyStore, url: str = SHARED_REDIS) -> FleetStore:
+    tier = RedisTier(url, 1 << 24, name="fleet", prefix=prefix, timeout=0.2)
+    return FleetStore(tier, keys, KEK, key_recheck_s=0.0)
+
+
+@pytest.fixture()
+def fleet(redis_prefix: str) -> Any:
+    keys = MemoryKeyStore()
+    one, two = _store(redis_prefix, keys), _store(redis_prefix, keys)
+    yield one, two
+    one.store.close()
+    two.store.close()
+
+
+def test_names_are_keyed_and_reveal_no_tenant() -> None:
+    name = NAMES.tenant(TENANT)
+    assert name == NAMES.tenant(TENANT) != NAMES.tenant("other")
+    assert TENANT not in name and TENANT.encode().hex() not in name
+    assert name != FleetNames(KeyDeriver(b"x" * 32)).tenant(TENANT)  # keyed by the secret
+    assert NAMES.scope(b"r" * 32, b"d" * 32) != NAMES.scope(b"q" * 32, b"d" * 32)
+
+
+def test_a_block_saved_by_one_engine_loads_on_another_for_its_tenant_only(fleet: Any) -> None:
+    one, two = fleet
+    tenant = NAMES.tenant(TENANT)
+    assert one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD).puts[0].outcome is PutOutcome.STORED
+    assert two.present([b"k1", b"k2"]) == 1
+    got = two.load(b"k1", SCOPE, tenant)
+    assert got.hit and bytes(got.payload) == PAYLOAD
+    other = two.load(b"k1", SCOPE, NAMES.tenant("other"))
+    assert not other.hit and {r.reason for r in other.refusals} == {MissReason.MISBOUND}
+
+
+def test_the_redis_keys_and_values_name_no_tenant(fleet: Any, redis_prefix: str) -> None:
+    one, _two = fleet
+    one.save(b"k1", SCOPE, NAMES.tenant(TENANT), DEADLINE, PAYLOAD)
+    client = redis.Redis.from_url(SHARED_REDIS)
+    keys = list(client.scan_iter(match=f"{redis_prefix}:*"))
+    assert keys
+    for key in keys:
+        blob = (key or b"") + (client.dump(key) or b"")
+        assert TENANT.encode() not in blob and TENANT.encode().hex().encode() not in blob
+
+
+def test_a_purge_through_the_governor_hook_shreds_for_every_engine(fleet: Any) -> None:
+    one, two = fleet
+    tenant = NAMES.tenant(TENANT)
+    one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD)
+    assert two.load(b"k1", SCOPE, tenant).hit  # engine 2 holds the key unwrapped
+    backup = one.tier.get(b"k1")
+    scope = _scope("internal")
+    hook = ConnectorOffloading(one, lambda: NAMES, lambda: {b"d" * 32: (b"r" * 32, scope)})
+    report = hook.shred(TENANT)
+    assert report.destroyed_key_ids and report.deleted == {"fleet": 1}
+    assert two.present([b"k1"]) == 0
+    one.tier.put(backup, 0)  # a copy of Redis restored: it no longer opens anywhere
+    got = two.load(b"k1", SCOPE, tenant)
+    assert not got.hit and {r.reason for r in got.refusals} == {MissReason.KEY_DESTROYED}
+
+
+def test_invalidate_deletes_the_matching_scopes_objects(fleet: Any) -> None:
+    one, two = fleet
+    tenant = NAMES.tenant(TENANT)
+    one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD)
+    other = NAMES.scope(b"r" * 32, b"e" * 32)
+    one.save(b"k2", other, tenant, DEADLINE, PAYLOAD)
+    known = {
+        b"d" * 32: (b"r" * 32, _scope("internal")),
+        b"e" * 32: (b"r" * 32, _scope("public")),
+    }
+    hook = ConnectorOffloading(one, lambda: NAMES, lambda: known)
+    assert hook.invalidate(lambda s: s.classification == "internal").deleted == {"fleet": 1}
+    assert two.present([b"k1"]) == 0 and two.present([b"k2"]) == 1
+
+
+def test_an_object_cut_short_by_a_killed_server_is_refused(fleet: Any, redis_prefix: str) -> None:
+    one, two = fleet
+    tenant = NAMES.tenant(TENANT)
+    one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD)
+    client = redis.Redis.from_url(SHARED_REDIS)
+    key = one.tier.object_key(b"k1")
+    client.set(key, (client.get(key) or b"")[:-100])
+    got = two.load(b"k1", SCOPE, tenant)
+    assert not got.hit and {r.reason for r in got.refusals} == {MissReason.CORRUPT}
+
+
+def test_an_older_object_replayed_over_a_newer_one_is_refused(fleet: Any) -> None:
+    one, _two = fleet
+    tenant = NAMES.tenant(TENANT)
+    one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD)
+    old = one.tier.get(b"k1")
+    one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD[::-1])
+    one.tier.put(old, 0)
+    got = one.load(b"k1", SCOPE, tenant)
+    assert not got.hit and {r.reason for r in got.refusals} == {MissReason.REPLAYED}
+
+
+def test_redis_down_is_a_miss_and_a_refused_save(redis_prefix: str) -> None:
+    down = _store(redis_prefix, MemoryKeyStore(), url="redis://127.0.0.1:1/0")
+    assert down.present([b"k1"]) is None
+    assert down.present([b"k1"]) is None  # backing off: not asked again
+    result = down.save(b"k1", SCOPE, NAMES.tenant(TENANT), DEADLINE, PAYLOAD)
+    assert result.puts[0].outcome is PutOutcome.UNAVAILABLE
+    assert down.load(b"k1", SCOPE, NAMES.tenant(TENANT)).reason is MissReason.UNAVAILABLE
+
+
+def test_the_cost_rule_skips_when_recomputing_is_cheaper() -> None:
+    cost = CostModel()
+    assert cost.pays(16)  # nothing measured yet: try
+    cost.restored(nbytes=1_000_000, seconds=1.0, blocks=10)  # 100 kB blocks at 1 MB/s
+    cost.prefilled(tokens=16_000, seconds=1.0)  # 16 tokens in 1 ms
+    assert not cost.pays(16)  # 100 ms to restore a block, 1 ms to recompute it
+    cost.restored(nbytes=10**12, seconds=1.0, blocks=10_000_000)
+    for _ in range(30):
+        cost.restored(nbytes=10**10, seconds=1.0, blocks=100_000)
+    assert cost.pays(16)
+    metrics = cost.metrics(16)
+    assert metrics["offload_pays"] is True and metrics["block_bytes"] == 100_000
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(BindingConfigError, match="redis_url"):
+        FleetSettings.from_extra({"kvgov": {"key_store_url": "sqlite://"}})
+    with pytest.raises(BindingConfigError, match="timeout_s"):
+        FleetSettings.from_extra(
+            {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://", "timeout_s": 0}}
+        )
+    with pytest.raises(BindingConfigError, match="settings among"):
+        FleetSettings.from_extra({"kvgov": {"redis_url": "redis://x", "bogus": 1}})
