@@ -15,6 +15,7 @@ them, and this module is the one place to adapt.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,7 @@ from .keys import NAMESPACE_PREFIX, tree_namespace
 __all__ = [
     "ERROR_PATH",
     "SCOPE_PATH",
+    "SWEEP_INTERVAL",
     "ZERO_AUDIT_BATCH",
     "PageZeroer",
     "SglangGovernance",
@@ -72,6 +74,8 @@ _log = logging.getLogger("kvgov.sglang")
 #: ``details.path`` of the refusals this binding decides itself.
 SCOPE_PATH = "kvgov.sglang/scope"
 ERROR_PATH = "kvgov.sglang/error"
+#: Default shortest time between two retention sweeps (seconds): see ``sweep_due``.
+SWEEP_INTERVAL = 60.0
 #: Zeroed pages per batch of ``zeroization`` audit events (one event per owner per batch).
 ZERO_AUDIT_BATCH = 4096
 
@@ -100,7 +104,11 @@ class PageZeroer:
         self.bytes_per_page = sum(page_size * b[0].numel() * b.element_size() for b in self.buffers)
         # each buffer seen as [pages, page_size, ...] (a view: the same storage), so a fill
         # indexes pages, not page_size times as many token slots
-        self._paged = [b.view(-1, page_size, *b.shape[1:]) for b in self.buffers]
+        # (a trailing partial page, if a buffer has one, is never handed out)
+        self._paged = [
+            b[: b.shape[0] - b.shape[0] % page_size].view(-1, page_size, *b.shape[1:])
+            for b in self.buffers
+        ]
 
     def release(self, page_ids: torch.Tensor) -> None:
         """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
@@ -295,6 +303,10 @@ class SglangGovernance:
         adapter: that adapter.
         resolver: request -> scope.
         zeroer: the device pool's zeroer.
+        sweep_interval: the shortest time between two sweeps of :meth:`sweep_due`.
+
+    Raises:
+        InvalidArgument: ``sweep_interval`` is not a finite number >= 0.
     """
 
     def __init__(
@@ -304,6 +316,7 @@ class SglangGovernance:
         adapter: SglangPoolAdapter,
         resolver: ScopeResolver,
         zeroer: PageZeroer,
+        sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         self.gov = governor
         self.adapter = adapter
@@ -328,6 +341,9 @@ class SglangGovernance:
         self._ns_scopes: dict[str, set[CacheScope]] = {}
         #: the cache's "forget these namespaces" (set by the governed cache)
         self.on_retired: Callable[[set[str]], None] | None = None
+        self._sweep_interval = SWEEP_INTERVAL
+        self.sweep_interval = sweep_interval
+        self._last_sweep = -math.inf
 
     @classmethod
     def open(
@@ -540,14 +556,46 @@ class SglangGovernance:
         self._retire(lambda scope: all(getattr(scope, k) == v for k, v in wanted.items()))
         return report
 
+    @property
+    def sweep_interval(self) -> float:
+        """The shortest time between two sweeps of :meth:`sweep_due` (seconds)."""
+        return self._sweep_interval
+
+    @sweep_interval.setter
+    def sweep_interval(self, seconds: float) -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise InvalidArgument("sweep_interval", seconds, "a finite number of seconds >= 0")
+        self._sweep_interval = float(seconds)
+
     def sweep(self) -> int:
-        """Evict the pages past their retention (audited ``retention_sweep``); returns how many."""
-        return self.gov.sweep()
+        """Evict the pages past their retention (audited ``retention_sweep``); returns how many.
+
+        SGLang's tree core cannot evict chosen nodes safely (see :meth:`sweep_due`), so a
+        sweep with anything due evicts every page no running request holds.
+        """
+        gov = self.gov
+        self._last_sweep = gov.clock()
+        return gov.sweep()
 
     def sweep_due(self) -> int:
-        """:meth:`sweep` if a deadline is due (a heap peek otherwise)."""
+        """:meth:`sweep` if a deadline is due and the last sweep is ``sweep_interval`` old.
+
+        Expiries are batched: a sweep empties the unheld part of the tree (the Rust
+        tree core evicts chosen nodes only by a call that panics, poisoning the tree,
+        on a node a running request holds, and it does not say which are held), so
+        sweeping at every deadline would keep the cache empty. A page outlives its
+        retention by at most ``sweep_interval`` (default :data:`SWEEP_INTERVAL`).
+        """
         gov = self.gov
-        return gov.sweep() if gov.ledger.deadlines.next_due() <= gov.clock() else 0
+        now = gov.clock()
+        if gov.ledger.deadlines.next_due() > now or now - self._last_sweep < self._sweep_interval:
+            return 0
+        return self.sweep()
 
     def _zeroed(self, pages: list[int], nbytes: int, seconds: float) -> None:
         """Pages were just zeroed: clear their owners and count them now; audit in batches.
