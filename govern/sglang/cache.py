@@ -128,9 +128,14 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         result = super().insert(params)
         owner = self.kvgov_namespaces.get(params.key.extra_key) if params.key else None
         value = params.value
-        if owner is not None and isinstance(value, torch.Tensor) and value.numel():
+        if owner is not None and isinstance(value, torch.Tensor):
+            # the pages past the matched prefix (already owned) are the request's new ones;
+            # a value is page-aligned, so its every page_size-th slot names each page once
             page = self.page_size
-            self.kvgov.owned(torch.unique(value[::page] // page).tolist(), *owner)
+            start = int(params.prev_prefix_len or 0)
+            start -= start % page
+            if value.numel() > start:
+                self.kvgov.owned((value[start::page] // page).tolist(), *owner)
         return result
 
     def reset(self) -> None:

@@ -15,10 +15,12 @@ them, and this module is the one place to adapt.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -26,11 +28,11 @@ import torch
 from kvgov.allocator import (
     BlocksEvicted,
     BlockState,
-    BlocksZeroized,
     PoolCounts,
     PoolEvent,
     Revoked,
 )
+from kvgov.audit import AuditEvent, EventType
 from kvgov.exceptions import (
     AuditUnavailable,
     BindingConfigError,
@@ -57,13 +59,25 @@ from ..scope_token import ScopeTokenVerifier
 from ..vllm.settings import BindingSettings
 from .keys import NAMESPACE_PREFIX, tree_namespace
 
-__all__ = ["ERROR_PATH", "SCOPE_PATH", "PageZeroer", "SglangGovernance", "SglangPoolAdapter"]
+__all__ = [
+    "ERROR_PATH",
+    "SCOPE_PATH",
+    "SWEEP_INTERVAL",
+    "ZERO_AUDIT_BATCH",
+    "PageZeroer",
+    "SglangGovernance",
+    "SglangPoolAdapter",
+]
 
 _log = logging.getLogger("kvgov.sglang")
 
 #: ``details.path`` of the refusals this binding decides itself.
 SCOPE_PATH = "kvgov.sglang/scope"
 ERROR_PATH = "kvgov.sglang/error"
+#: Default shortest time between two retention sweeps (seconds): see ``sweep_due``.
+SWEEP_INTERVAL = 60.0
+#: Zeroed pages per batch of ``zeroization`` audit events (one event per owner per batch).
+ZERO_AUDIT_BATCH = 4096
 
 
 class PageZeroer:
@@ -88,7 +102,13 @@ class PageZeroer:
         self.on_zeroed = on_zeroed
         self.pending: list[torch.Tensor] = []
         self.bytes_per_page = sum(page_size * b[0].numel() * b.element_size() for b in self.buffers)
-        self._offsets = torch.arange(page_size, device=self.buffers[0].device)
+        # each buffer seen as [pages, page_size, ...] (a view: the same storage), so a fill
+        # indexes pages, not page_size times as many token slots
+        # (a trailing partial page, if a buffer has one, is never handed out)
+        self._paged = [
+            b[: b.shape[0] - b.shape[0] % page_size].view(-1, page_size, *b.shape[1:])
+            for b in self.buffers
+        ]
 
     def release(self, page_ids: torch.Tensor) -> None:
         """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
@@ -107,8 +127,7 @@ class PageZeroer:
             return True
         dev = self.buffers[0].device
         pages = torch.tensor(list(page_ids), dtype=torch.int64, device=dev)
-        slots = (pages.unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
-        return all(not bool(buf[slots].any()) for buf in self.buffers)
+        return all(not bool(buf.index_select(0, pages).any()) for buf in self._paged)
 
     def flush(self) -> list[int]:
         """Zero every pending page now: one indexed fill per buffer; returns their ids."""
@@ -117,10 +136,9 @@ class PageZeroer:
         pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
         self.pending = []
         start = time.perf_counter()
-        dev = self.buffers[0].device
-        slots = (pages.to(dev).unsqueeze(1) * self.page_size + self._offsets).reshape(-1)
-        for buf in self.buffers:
-            buf.index_fill_(0, slots, 0)
+        pages = pages.to(self.buffers[0].device)
+        for buf in self._paged:
+            buf.index_fill_(0, pages, 0)
         ids = pages.tolist()
         if self.on_zeroed is not None:
             self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
@@ -135,7 +153,15 @@ class SglangPoolAdapter:
     ``0..num_pages`` (page 0 is SGLang's padding page, never handed out).
     """
 
-    __slots__ = ("_allocator", "_bytes", "_events", "_num", "evict_unlocked", "zeroer")
+    __slots__ = (
+        "_allocator",
+        "_bytes",
+        "_events",
+        "_num",
+        "audit_zeroized",
+        "evict_unlocked",
+        "zeroer",
+    )
 
     def __init__(
         self, allocator: Any, num_pages: int, bytes_per_page: int, zeroer: PageZeroer
@@ -147,6 +173,8 @@ class SglangPoolAdapter:
         self.zeroer = zeroer
         #: the cache's "evict every unlocked page" (set by the governed cache)
         self.evict_unlocked: Callable[[], int] | None = None
+        #: writes the zeroization events still pending (set by the governance)
+        self.audit_zeroized: Callable[[], None] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -205,6 +233,8 @@ class SglangPoolAdapter:
         if freed:
             self.add(BlocksEvicted(tuple(freed), (b"",) * len(freed), reason))
             zeroer.flush()
+        if self.audit_zeroized is not None:  # the zeroizations before the erasure's event
+            self.audit_zeroized()
         free = self._free_set()
         return [i for i in ids if i in free]
 
@@ -273,6 +303,10 @@ class SglangGovernance:
         adapter: that adapter.
         resolver: request -> scope.
         zeroer: the device pool's zeroer.
+        sweep_interval: the shortest time between two sweeps of :meth:`sweep_due`.
+
+    Raises:
+        InvalidArgument: ``sweep_interval`` is not a finite number >= 0.
     """
 
     def __init__(
@@ -282,6 +316,7 @@ class SglangGovernance:
         adapter: SglangPoolAdapter,
         resolver: ScopeResolver,
         zeroer: PageZeroer,
+        sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         self.gov = governor
         self.adapter = adapter
@@ -289,6 +324,14 @@ class SglangGovernance:
         self.zeroer = zeroer
         self.device = str(zeroer.buffers[0].device)
         zeroer.on_zeroed = self._zeroed
+        adapter.audit_zeroized = self.audit_zeroized
+        # zeroed pages whose zeroization event is not written yet: id(owner) -> the owner,
+        # its pages, the seconds spent zeroing them (see _zeroed)
+        self._zero_pending: dict[int, tuple[CacheScope | None, list[int], list[float]]] = {}
+        self._zero_pending_pages = 0
+        self._zero_bytes_per_page = zeroer.bytes_per_page
+        # (namespace root, scope digest, extra_key, cache_salt, generation) -> tree namespace
+        self._ns_cache: dict[tuple[bytes, bytes, str | None, str | None, int], str] = {}
         self._digests: dict[CacheScope, bytes] = {}
         # namespace root -> generation: an erasure moves every namespace it retires to
         # the next one, so pages a running request still holds there are never found again
@@ -298,6 +341,9 @@ class SglangGovernance:
         self._ns_scopes: dict[str, set[CacheScope]] = {}
         #: the cache's "forget these namespaces" (set by the governed cache)
         self.on_retired: Callable[[set[str]], None] | None = None
+        self._sweep_interval = SWEEP_INTERVAL
+        self.sweep_interval = sweep_interval
+        self._last_sweep = -math.inf
 
     @classmethod
     def open(
@@ -439,13 +485,17 @@ class SglangGovernance:
         if digest is None:
             digest = self._digests[scope] = bytes(scope_digest(scope))
         root = bytes(plan.root)
-        ns = tree_namespace(
-            root,
-            digest,
-            getattr(req, "extra_key", None),
-            getattr(req, "cache_salt", None),
-            generation=self._generation.get(root, 0),
-        )
+        extra_key = getattr(req, "extra_key", None)
+        cache_salt = getattr(req, "cache_salt", None)
+        generation = self._generation.get(root, 0)
+        memo = (root, digest, extra_key, cache_salt, generation)
+        ns = self._ns_cache.get(memo) if _plain(extra_key) and _plain(cache_salt) else None
+        if ns is None:
+            ns = tree_namespace(root, digest, extra_key, cache_salt, generation=generation)
+            if _plain(extra_key) and _plain(cache_salt):
+                if len(self._ns_cache) >= _NS_CACHE_SIZE:
+                    self._ns_cache.clear()
+                self._ns_cache[memo] = ns
         self._ns_root[ns] = root
         self._ns_scopes.setdefault(ns, set()).add(scope)
         return Admitted(namespace=ns, scope=scope, ttl=plan.ttl)
@@ -457,9 +507,12 @@ class SglangGovernance:
 
         ``ttl``: their retention (seconds from now; None: none), for :meth:`sweep`.
         """
+        if not pages:
+            return
         ledger = self.gov.ledger
         table = ledger.owners.table
-        new = [p for p in pages if table[p] is None]
+        got = itemgetter(*pages)(table) if len(pages) > 1 else (table[pages[0]],)
+        new = pages if got.count(None) == len(pages) else [p for p in pages if table[p] is None]
         if new:
             ledger.owners.assign(new, scope)
             if ttl is not None:
@@ -503,18 +556,93 @@ class SglangGovernance:
         self._retire(lambda scope: all(getattr(scope, k) == v for k, v in wanted.items()))
         return report
 
+    @property
+    def sweep_interval(self) -> float:
+        """The shortest time between two sweeps of :meth:`sweep_due` (seconds)."""
+        return self._sweep_interval
+
+    @sweep_interval.setter
+    def sweep_interval(self, seconds: float) -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise InvalidArgument("sweep_interval", seconds, "a finite number of seconds >= 0")
+        self._sweep_interval = float(seconds)
+
     def sweep(self) -> int:
-        """Evict the pages past their retention (audited ``retention_sweep``); returns how many."""
-        return self.gov.sweep()
+        """Evict the pages past their retention (audited ``retention_sweep``); returns how many.
+
+        SGLang's tree core cannot evict chosen nodes safely (see :meth:`sweep_due`), so a
+        sweep with anything due evicts every page no running request holds.
+        """
+        gov = self.gov
+        self._last_sweep = gov.clock()
+        return gov.sweep()
 
     def sweep_due(self) -> int:
-        """:meth:`sweep` if a deadline is due (a heap peek otherwise)."""
+        """:meth:`sweep` if a deadline is due and the last sweep is ``sweep_interval`` old.
+
+        Expiries are batched: a sweep empties the unheld part of the tree (the Rust
+        tree core evicts chosen nodes only by a call that panics, poisoning the tree,
+        on a node a running request holds, and it does not say which are held), so
+        sweeping at every deadline would keep the cache empty. A page outlives its
+        retention by at most ``sweep_interval`` (default :data:`SWEEP_INTERVAL`).
+        """
         gov = self.gov
-        return gov.sweep() if gov.ledger.deadlines.next_due() <= gov.clock() else 0
+        now = gov.clock()
+        if gov.ledger.deadlines.next_due() > now or now - self._last_sweep < self._sweep_interval:
+            return 0
+        return self.sweep()
 
     def _zeroed(self, pages: list[int], nbytes: int, seconds: float) -> None:
-        self.adapter.add(BlocksZeroized(tuple(sorted(pages)), nbytes, self.device, seconds, "done"))
-        self.gov.drain()
+        """Pages were just zeroed: clear their owners and count them now; audit in batches.
+
+        The bytes are zero before the allocator can hand the pages out again; the
+        ``zeroization`` events (one per owner) are written per batch of
+        :data:`ZERO_AUDIT_BATCH` pages, and always before an erasure's, a sweep's or
+        the close's own events (:meth:`audit_zeroized`).
+        """
+        if not pages:
+            return
+        ledger = self.gov.ledger
+        per_page = nbytes // len(pages)
+        pending = self._zero_pending
+        for scope, ids in ledger.owners.group(pages, clear=True):
+            counters = ledger.counters[scope.tenant] if scope else ledger.unattributed
+            counters.blocks_zeroized += len(ids)
+            counters.bytes_zeroized += per_page * len(ids)
+            entry = pending.get(id(scope))
+            if entry is None:
+                pending[id(scope)] = (scope, list(ids), [seconds])
+            else:
+                entry[1].extend(ids)
+                entry[2][0] += seconds
+        self._zero_pending_pages += len(pages)
+        self._zero_bytes_per_page = per_page
+        if self._zero_pending_pages >= ZERO_AUDIT_BATCH:
+            self.audit_zeroized()
+
+    def audit_zeroized(self) -> None:
+        """Write the ``zeroization`` events of the pages zeroed since the last call, per owner."""
+        pending, self._zero_pending = self._zero_pending, {}
+        self._zero_pending_pages = 0
+        per_page = self._zero_bytes_per_page
+        for scope, ids, seconds in pending.values():
+            self.gov.audit.record(
+                AuditEvent(
+                    type=EventType.ZEROIZATION,
+                    tenant=scope.tenant if scope else None,
+                    block_ids=tuple(ids),
+                    details={
+                        "bytes": per_page * len(ids),
+                        "device": self.device,
+                        "seconds": seconds[0],
+                    },
+                )
+            )
 
     def close(self) -> None:
         """Zero what is pending, flush and close the audit trail. Idempotent."""
@@ -522,8 +650,17 @@ class SglangGovernance:
             return
         try:
             self.zeroer.flush()
+            self.audit_zeroized()
         finally:
             self.gov.close()
+
+
+_NS_CACHE_SIZE = 65_536
+
+
+def _plain(value: object) -> bool:
+    """A client field the namespace cache may key on: None or an exact ``str``."""
+    return value is None or type(value) is str
 
 
 @dataclass(frozen=True, slots=True)

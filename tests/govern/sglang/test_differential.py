@@ -132,6 +132,42 @@ def _drive(cache: Any, alloc: Any, kv: Any, reqs: list[SimpleNamespace]) -> list
     return results
 
 
+def _drive_checkpoint(
+    cache: Any, alloc: Any, kv: Any, reqs: list[SimpleNamespace]
+) -> list[tuple[int, ...]]:
+    """As the scheduler finishes a request: match, lock, allocate, write, ``checkpoint``."""
+    results = []
+    for req in reqs:
+        toks = list(req.origin_input_ids)
+        n = len(toks)
+        m = cache.match_prefix(
+            MatchPrefixParams(key=RadixKey(array("q", toks), req.extra_key, limit=n - 1), req=req)
+        )
+        prefix_len = m.device_prefix_len
+        req.lock = cache.lock(m.last_device_node)
+        prefix = cache.path_device_indices(m.last_device_node)[:prefix_len]
+        short = (n - prefix_len) - alloc.available_size()
+        evicted = cache.evict(EvictParams(num_tokens=short)).num_tokens_evicted if short > 0 else 0
+        new = alloc.alloc(n - prefix_len)
+        for buf in (*kv.k_buffer, *kv.v_buffer):
+            buf[new] = 1.0
+        cache.req_to_token_pool.write((0, slice(0, n)), torch.cat((prefix, new)).to(torch.int32))
+        req.kv = SimpleNamespace(
+            req_pool_idx=0, cache_protected_len=prefix_len, cache_inserted_len=prefix_len
+        )
+        req.full_untruncated_fill_ids = array("q", toks)
+        req.origin_input_ids = array("q", toks)
+        req.finished = lambda: True
+        req.finished_reason = None
+        req.priority = 0
+        req.session_id = None
+        req.kv_rotation_base = None
+        cache.checkpoint(req, up_to=n)
+        cache.unlock(req.lock)
+        results.append((prefix_len, evicted, req.kv.cache_protected_len, alloc.available_size()))
+    return results
+
+
 def _free_pages_read_zero(alloc: Any, kv: Any) -> bool:
     free = alloc.get_all_free_pages()
     slots = (free.unsqueeze(1) * PAGE + torch.arange(PAGE)).reshape(-1)
@@ -156,6 +192,32 @@ def test_one_scope_matches_stock_and_freed_pages_read_zero(tmp_path: Path) -> No
     report = verify(f"sqlite:///{tmp_path}/audit.db")
     assert report.ok, report
     assert report.events > 0
+
+
+def test_checkpoint_matches_stock_within_one_scope(tmp_path: Path) -> None:
+    stream = _stream(40, seed=6)
+    stock, s_alloc, s_kv = _build(False, tmp_path)
+    gov, g_alloc, g_kv = _build(True, tmp_path)
+    try:
+        want = _drive_checkpoint(
+            stock, s_alloc, s_kv, [_req(i, "acme", t) for i, t in enumerate(stream)]
+        )
+        reqs = [_req(i, "acme", t) for i, t in enumerate(stream)]
+        got = _drive_checkpoint(gov, g_alloc, g_kv, reqs)
+        assert got == want
+        assert sum(r[0] for r in want) > 0 and sum(r[1] for r in want) > 0  # hits and evictions
+        owners = gov.kvgov.gov.ledger.owners
+        assert all(o is None or o.tenant == "acme" for o in owners.table)
+        assert owners.of_tenant("acme")  # the checkpointed pages are owned
+        # a checkpointed request of another tenant matches nothing of acme's
+        other = _drive_checkpoint(gov, g_alloc, g_kv, [_req(99, "globex", stream[-1])])
+        assert other[0][0] == 0
+        g_alloc.alloc(PAGE)
+        assert _free_pages_read_zero(g_alloc, g_kv)
+    finally:
+        gov.kvgov_close()
+    report = verify(f"sqlite:///{tmp_path}/audit.db")
+    assert report.ok, report
 
 
 def test_across_scopes_nothing_matches(tmp_path: Path) -> None:

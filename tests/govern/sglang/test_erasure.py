@@ -119,3 +119,40 @@ def test_a_request_id_the_trail_cannot_hold_is_refused_and_audited(tmp_path: Pat
         gov.kvgov_close()
     report = verify(f"sqlite:///{tmp_path}/audit.db")
     assert report.ok, report
+
+
+def test_sweeps_are_batched_at_most_one_per_interval(tmp_path: Path) -> None:
+    from kvgov.exceptions import InvalidArgument
+
+    gov, alloc, kv = _build(True, tmp_path)
+    try:
+        governance = gov.kvgov
+        with pytest.raises(InvalidArgument):
+            governance.sweep_interval = -1.0
+        _drive(gov, alloc, kv, [_req(i, "acme", t) for i, t in enumerate(_stream(4, seed=9))])
+        sweeps = 0
+        sweep = governance.gov.sweep
+
+        def counting() -> int:
+            nonlocal sweeps
+            sweeps += 1
+            return sweep()
+
+        governance.gov.sweep = counting  # type: ignore[method-assign]
+        deadlines = governance.gov.ledger.deadlines
+
+        def expire() -> None:  # a page whose retention ends now: a sweep is due
+            deadlines.keyed([1], 0.0)
+            deadlines.cached([1])
+
+        governance.sweep_interval = 3600.0
+        expire()
+        governance.sweep_due()
+        expire()
+        governance.sweep_due()  # within the interval: no second sweep of the whole tree
+        assert sweeps == 1
+        governance.sweep_interval = 0.0
+        governance.sweep_due()
+        assert sweeps == 2
+    finally:
+        gov.kvgov_close()

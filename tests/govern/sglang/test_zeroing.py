@@ -1,0 +1,71 @@
+"""Zeroing and its audit on SGLang's pool, batched (needs SGLang).
+
+Every page the allocator takes back is zeroed before any ``alloc*`` can hand it out
+again; the ``zeroization`` events are written per batch of pages (one per owner per
+batch), not per allocation, and before an erasure's own event; no zeroed page is
+missing from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
+
+from kvgov.audit.queries import AuditQueries  # noqa: E402
+from kvgov.govern.sglang import governance  # noqa: E402
+
+from .test_differential import _build, _drive, _req, _stream  # noqa: E402
+
+
+def _zeroizations(url: str) -> list[tuple[str | None, tuple[int, ...]]]:
+    with AuditQueries(url) as q:
+        return [(e.tenant, tuple(e.block_ids)) for e in q.events(type="zeroization")]
+
+
+def test_zeroization_events_come_per_batch_and_name_every_zeroed_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(governance, "ZERO_AUDIT_BATCH", 256, raising=False)
+    gov, alloc, kv = _build(True, tmp_path)
+    fills = 0
+    zeroer = gov.kvgov.zeroer
+    on_zeroed = zeroer.on_zeroed
+    assert on_zeroed is not None
+
+    def counting(pages: list[int], nbytes: int, seconds: float) -> None:
+        nonlocal fills
+        fills += 1
+        on_zeroed(pages, nbytes, seconds)
+
+    zeroer.on_zeroed = counting
+    try:
+        _drive(gov, alloc, kv, [_req(i, "acme", t) for i, t in enumerate(_stream(60, seed=7))])
+        zeroed = gov.kvgov.gov.ledger.counters["acme"].blocks_zeroized
+    finally:
+        gov.kvgov_close()
+    url = f"sqlite:///{tmp_path}/audit.db"
+    events = _zeroizations(url)
+    assert zeroed > 256 and fills > len(events) > 0  # batched: fewer events than fills
+    assert all(tenant == "acme" for tenant, _ in events)
+    assert sum(len(ids) for _, ids in events) == zeroed  # none lost at close
+
+
+def test_an_erasure_writes_the_pending_zeroizations_before_its_own_event(tmp_path: Path) -> None:
+    gov, alloc, kv = _build(True, tmp_path)
+    try:
+        _drive(gov, alloc, kv, [_req(i, "acme", t) for i, t in enumerate(_stream(30, seed=8))])
+        gov.kvgov.purge_tenant("acme")
+        gov.kvgov.gov.audit.flush()
+        url = f"sqlite:///{tmp_path}/audit.db"
+        with AuditQueries(url) as q:
+            kinds = [e.type for e in q.events() if e.type in ("zeroization", "erasure")]
+        zeroed = gov.kvgov.gov.ledger.counters["acme"].blocks_zeroized
+        assert kinds and kinds[-1] == "erasure" and "zeroization" in kinds
+        assert sum(len(ids) for _, ids in _zeroizations(url)) == zeroed
+    finally:
+        gov.kvgov_close()
