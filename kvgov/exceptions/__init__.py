@@ -28,6 +28,7 @@ from __future__ import annotations
 from kvgov.exceptions.allocator import (
     AllocatorError,
     BlockStateError,
+    InvalidQuota,
     InvalidSpec,
     KeyAlreadySet,
     OutOfBlocks,
@@ -108,6 +109,7 @@ __all__ = [
     "InvalidAuditEvent",
     "InvalidAuditUrl",
     "InvalidOffloadArgument",
+    "InvalidQuota",
     "InvalidScope",
     "InvalidSpec",
     "InvalidTimeBound",
