@@ -108,6 +108,7 @@ class GovernedKVCache:
             clock=clock,
         )
         gov = self._gov
+        gov.sync_eviction()
         if offload is not None:
             offload.attach(gov.ledger, policy, audit, pool, pool.spec.block_size)
             gov.offload = offload
@@ -319,7 +320,7 @@ class GovernedKVCache:
                 plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
             deferred: list[Deferred] = []
             hit_ids = self._hits.find_hits(gov.deriver, view, plan, packed, seq_id, deferred)
-            block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
+            block_ids = self._allocate_rest(hit_ids, plan.num_blocks, scope.tenant)
             cached_tokens = len(hit_ids) * self._block_size
             try:
                 if gov.offload is not None:  # what the device missed, from the tiers
@@ -365,10 +366,23 @@ class GovernedKVCache:
         )
 
     def _key_blocks(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
+        self,
+        block_ids: Sequence[int],
+        keys: Sequence[bytes],
+        priority: int,
+        ttl: float | None,
+        tenant: str,
     ) -> None:
-        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their retention."""
-        indexed = self._pool.set_keys(block_ids, keys, priority=priority)
+        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their
+        retention; they count against ``tenant``'s quota, and their priority lasts the
+        tenant's priority duration."""
+        indexed = self._pool.set_keys(
+            block_ids,
+            keys,
+            priority=priority,
+            duration=self._gov.ledger.eviction.durations.get(tenant),
+            group=tenant,
+        )
         deadlines = self._gov.ledger.deadlines
         if indexed.count(True) == len(indexed):
             deadlines.keyed(block_ids, ttl)
@@ -396,7 +410,11 @@ class GovernedKVCache:
             return
         if first_new < prefix:
             self._key_blocks(
-                block_ids[first_new:prefix], plan.keys[first_new:prefix], priority, plan.prefix_ttl
+                block_ids[first_new:prefix],
+                plan.keys[first_new:prefix],
+                priority,
+                plan.prefix_ttl,
+                plan.prefix_view.scope.tenant if plan.prefix_view else scope.tenant,
             )
         start = max(first_new, prefix)
         if plan.num_full > start:
@@ -405,12 +423,14 @@ class GovernedKVCache:
                 plan.keys[start : plan.num_full],
                 priority,
                 plan.ttl,
+                scope.tenant,
             )
 
-    def _allocate_rest(self, hit_ids: list[int], num_blocks: int) -> list[int]:
-        """The block table: the hits, then new blocks; on any failure the hits go back."""
+    def _allocate_rest(self, hit_ids: list[int], num_blocks: int, tenant: str) -> list[int]:
+        """The block table: the hits, then new blocks (for ``tenant``'s quota); on any
+        failure the hits go back."""
         try:
-            new_ids = self._pool.allocate(num_blocks - len(hit_ids))
+            new_ids = self._pool.allocate(num_blocks - len(hit_ids), group=tenant)
         except BaseException:
             self._give_back(hit_ids, len(hit_ids))
             raise
@@ -472,7 +492,7 @@ class GovernedKVCache:
             bs = self._block_size
             total = seq.num_tokens + len(packed) // 4
             needed = -(-total // bs) - len(seq.block_ids)
-            new_ids = self._pool.allocate(needed) if needed > 0 else []
+            new_ids = self._pool.allocate(needed, group=seq.view.scope.tenant) if needed > 0 else []
             gov.drain()
             gov.ledger.owners.assign(new_ids, seq.view.scope)
             seq.block_ids.extend(new_ids)
@@ -482,7 +502,11 @@ class GovernedKVCache:
             if completed > 0 and seq.cacheable:
                 keys = gov.deriver.derive_chain(seq.parent, tail, seq.view.digest, bs, completed)
                 self._key_blocks(
-                    seq.block_ids[first_full : first_full + completed], keys, seq.priority, seq.ttl
+                    seq.block_ids[first_full : first_full + completed],
+                    keys,
+                    seq.priority,
+                    seq.ttl,
+                    seq.view.scope.tenant,
                 )
                 seq.parent = keys[-1]
             seq.tail = tail[completed * bs * 4 :]
