@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -188,7 +189,7 @@ class GovernedKVCache:
             offload=offload,
         )
         try:
-            pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization)
+            pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization, clock=clock)
         except BaseException:
             parts.close()
             raise
@@ -217,6 +218,35 @@ class GovernedKVCache:
     def policy(self) -> PolicyClient:
         """The policy client (for ``reload`` and ``offload`` decisions)."""
         return self._gov.policy
+
+    def reload_policy(
+        self,
+        policy_dir: str | os.PathLike[str] | None = None,
+        policy_data: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Reload the in-process policy bundle, then apply its eviction settings
+        (floors, caps, priority durations) to this pool.
+
+        Args:
+            policy_dir: new bundle directory; None keeps the current one.
+            policy_data: new data over data.json; None keeps the current data.
+
+        Returns:
+            The new revision.
+
+        Raises:
+            PolicyLoadError: the new bundle does not load (the old one stays active).
+            PolicyError: the engine cannot reload here (an OPA server reloads itself;
+                its new settings apply at the next admission).
+            InvalidQuota: the new bundle's floors and caps are malformed or its floors
+                add up to more than this pool; the bundle is active but the quotas
+                in force stay the previous ones (fix the data and reload again).
+        """
+        revision = self._gov.policy.reload(
+            None if policy_dir is None else Path(policy_dir), policy_data
+        )
+        self._gov.sync_eviction()
+        return revision
 
     @property
     def audit(self) -> AuditLog:

@@ -342,7 +342,10 @@ def _read_eviction(d: Decision) -> EvictionSettings:
     r = d.result
     if d.error is None and type(r) is dict and type(r.get("tenants")) is dict:
         errors = r.get("errors")
-        if type(errors) is list and all(type(e) is str for e in errors):
+        if type(errors) is list and errors and all(type(e) is str for e in errors):
+            # the operator's data is malformed: say what, read nothing
+            return EvictionSettings(tenants={}, errors=tuple(sorted(errors)), decision=d)
+        if type(errors) is list and not errors:
             try:
                 tenants: dict[str, TenantEviction] = {}
                 for t, cfg in r["tenants"].items():
