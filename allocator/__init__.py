@@ -18,6 +18,7 @@ from kvgov.allocator.eviction import EvictionQueue
 from kvgov.allocator.metadata import BlockState
 from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
 from kvgov.allocator.pool import BlockPool, PoolCounts, Revoked
+from kvgov.allocator.quota import PRESSURE_REASONS, Quota
 from kvgov.allocator.sizing import (
     Capacity,
     blocks_in_bytes,
@@ -28,6 +29,7 @@ from kvgov.allocator.sizing import (
 from kvgov.allocator.spec import KVSpec
 
 __all__ = [
+    "PRESSURE_REASONS",
     "BlockPool",
     "BlockState",
     "BlocksAllocated",
@@ -43,6 +45,7 @@ __all__ = [
     "KVSpec",
     "PoolCounts",
     "PoolEvent",
+    "Quota",
     "Revoked",
     "blocks_in_bytes",
     "capacity",

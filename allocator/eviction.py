@@ -6,7 +6,14 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-__all__ = ["EvictionQueue"]
+__all__ = ["CAPACITY", "PRIORITY", "EvictionQueue"]
+
+#: Eviction reason: allocation pressure took the least recently used block of the
+#: highest priority level present (or every level is the same).
+CAPACITY = "capacity"
+#: Eviction reason: allocation pressure took a block because its priority is lower
+#: than that of other cached blocks that stay.
+PRIORITY = "priority"
 
 
 class EvictionQueue:
@@ -127,4 +134,61 @@ class EvictionQueue:
                     del q[b]
                 out.extend(head)
         self._size -= n
+        return out
+
+    def head(self) -> tuple[int, int]:
+        """Return ``(priority, block id)`` of the next block to evict, without removing it.
+
+        Raises:
+            ValueError: the queue is empty (a caller bug).
+        """
+        if not self._levels:
+            raise ValueError("head of an empty eviction queue")
+        priority = min(self._levels)
+        return priority, next(iter(self._levels[priority]))
+
+    def popleft(self) -> int:
+        """Remove and return the next block in eviction order (O(levels)).
+
+        Raises:
+            ValueError: the queue is empty (a caller bug).
+        """
+        priority, b = self.head()
+        q = self._levels[priority]
+        del q[b]
+        if not q:
+            del self._levels[priority]
+        self._size -= 1
+        return b
+
+    def top(self) -> int | None:
+        """The highest priority level that holds a block, or None when empty."""
+        return max(self._levels) if self._levels else None
+
+    def pop_reasoned(self, n: int) -> list[tuple[str, list[int]]]:
+        """:meth:`pop` ``n`` blocks, split by why each goes.
+
+        A block below the highest level present goes for its priority
+        (:data:`PRIORITY`); one at the highest level for capacity (:data:`CAPACITY`).
+        With one level (every cached block at the same priority, the default
+        policy) this is one :meth:`pop` and one batch.
+
+        Args:
+            n: how many; at most ``len(self)``.
+
+        Returns:
+            ``(reason, block ids)`` batches, first evicted first, no empty batch.
+
+        Raises:
+            ValueError: ``n`` is more than the queue holds (a caller bug).
+        """
+        levels = self._levels
+        if len(levels) <= 1:
+            return [(CAPACITY, self.pop(n))] if n else []
+        top = max(levels)
+        below = sum(len(q) for p, q in levels.items() if p < top)
+        if n <= below:
+            return [(PRIORITY, self.pop(n))] if n else []
+        out = [(PRIORITY, self.pop(below))] if below else []
+        out.append((CAPACITY, self.pop(n - below)))
         return out

@@ -102,6 +102,9 @@ class BlockTable:
     # Eviction priority 0..100 (lower goes first), set by set_keys with the key.
     # Meaningful only while the block is keyed.
     priority: bytearray
+    # Quota group (the pool's small int for a name such as a tenant; 0: none), set
+    # by set_keys with the key. Meaningful only while the block is keyed.
+    group: list[int]
 
     @classmethod
     def create(cls, num_blocks: int) -> BlockTable:
@@ -117,4 +120,5 @@ class BlockTable:
             count=[FREE_CODE] * num_blocks,
             key=[None] * num_blocks,
             priority=bytearray([DEFAULT_PRIORITY]) * num_blocks,
+            group=[0] * num_blocks,
         )

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -32,6 +34,8 @@ from kvgov.allocator.metadata import (
     state_of,
 )
 from kvgov.allocator.observer import EvictedBlocks, EvictionObserver
+from kvgov.allocator.priority import Decay
+from kvgov.allocator.quota import CAP, Quota, QuotaQueue, check_quotas
 from kvgov.allocator.spec import KVSpec, positive_int
 from kvgov.allocator.zeroize import coalesce_runs, make_zeroizer
 from kvgov.defaults import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
@@ -159,6 +163,7 @@ class BlockPool:
         num_blocks: blocks in the pool (> 0).
         device: where the tensor lives (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device).
         verify: read every zeroized run back and raise ZeroizationError if not all zero.
+        clock: seconds, monotonic (priority durations: :meth:`set_keys`).
 
     Raises:
         InvalidSpec: ``spec`` is not a KVSpec, ``num_blocks`` not a positive int, or
@@ -172,6 +177,7 @@ class BlockPool:
         device: str | torch.device = "cpu",
         *,
         verify: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(spec, KVSpec):
             raise InvalidSpec("spec", spec, "must be an allocator.KVSpec")
@@ -190,7 +196,15 @@ class BlockPool:
         self._meta = BlockTable.create(num_blocks)
         # FREE stack; reversed so that a fresh pool hands out 0, 1, 2, ...
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._queue = EvictionQueue()
+        self._queue: EvictionQueue | QuotaQueue = EvictionQueue()
+        self._clock = clock
+        # Blocks whose priority decays to the default at a deadline (set_keys' duration).
+        self._decay = Decay()
+        # Quota groups: name -> small int (0: no group), and the quotas by name, or
+        # None while no quota is set (then _queue is a plain EvictionQueue).
+        self._group_ids: dict[str, int] = {}
+        self._group_names: list[str] = [""]
+        self._quotas: dict[str, Quota] | None = None
         self._index: dict[bytes, int] = {}
         self._dirty = 0
         # OWNED blocks whose key was revoked: unkeyed, refuse a new key, zeroized on
@@ -419,21 +433,28 @@ class BlockPool:
 
     # ------------------------------------------------------------------ hot paths
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, *, group: str | None = None) -> list[int]:
         """Hand out ``n`` FREE (zeroed) blocks, each with one reference.
 
         When fewer than ``n`` blocks are FREE, CACHED blocks are evicted first
-        (lowest priority, then least recently used), which emits BlocksEvicted
-        (reason ``"capacity"``) and BlocksZeroized before BlocksAllocated.
+        (lowest priority, then least recently used; with quotas set, see
+        :meth:`set_quotas`), which emits BlocksEvicted and BlocksZeroized before
+        BlocksAllocated. The eviction's reason is ``"priority"`` for blocks below
+        the highest priority cached, ``"capacity"`` for the others, and with quotas
+        ``"cap"`` (the allocating group at its cap evicts its own blocks first) and
+        ``"floor_pressure"`` (blocks within a group's floor, taken only when
+        nothing else is left). Priorities whose duration has passed decay to the
+        default before the victims are chosen.
 
         Args:
             n: how many blocks (zero or more).
+            group: the quota group the blocks are for (e.g. the tenant), or None.
 
         Returns:
             The block ids, now OWNED.
 
         Raises:
-            InvalidSpec: ``n`` is not an int of zero or more.
+            InvalidSpec: ``n`` is not an int of zero or more, or ``group`` not a string.
             OutOfBlocks: fewer than ``n`` blocks are FREE or CACHED.
             ZeroizationError: an evicted block failed verification (it stays DIRTY).
             PoolClosed: the pool was closed.
@@ -446,21 +467,32 @@ class BlockPool:
                 raise PoolClosed()
             if type(n) is not int or n < 0:
                 raise InvalidSpec("n", n, "must be an int of zero or more")
+            if group is not None and type(group) is not str:
+                raise InvalidSpec("group", group, "must be a string or None")
             if n == 0:
                 return []
             free = self._free
             short = n - len(free)
+            ids: list[int] | None = None
             if short > 0:
-                if short > len(self._queue):
-                    raise OutOfBlocks(n, len(free) + len(self._queue))
-                if short == n:
+                queue = self._queue
+                if short > len(queue):
+                    raise OutOfBlocks(n, len(free) + len(queue))
+                if self._decay:
+                    self._decay_due()
+                if isinstance(queue, EvictionQueue):
+                    batches = queue.pop_reasoned(short)
+                else:
+                    batches = queue.choose(short, self._group_ids.get(group, 0) if group else 0)
+                if short == n and len(batches) == 1:
                     # Every block comes from eviction: hand the zeroized blocks out
                     # directly, ascending, as a push onto the empty free stack and a
                     # pop of all of it would.
-                    ids = self._drop_cached(self._queue.pop(n), "capacity", push=False)
+                    ids = self._drop_cached(batches[0][1], batches[0][0], push=False)
                 else:
-                    self._drop_cached(self._queue.pop(short), "capacity")
-            if short < n:
+                    for reason, blocks in batches:
+                        self._drop_cached(blocks, reason)
+            if ids is None:
                 ids = free[-n:]
                 del free[-n:]
                 ids.reverse()
@@ -529,6 +561,8 @@ class BlockPool:
                 if self._detached:
                     self._detached.difference_update(dirty)
                 self._zeroize(dirty)
+            if cached and self._quotas:
+                self._enforce_caps(cached)
 
     def _undo_free(self, ids: list[int], done: int, dirty: list[int]) -> NoReturn:
         """Give back the references the first ``done`` ids of a refused ``free`` took
@@ -555,6 +589,8 @@ class BlockPool:
         keys: Sequence[bytes],
         *,
         priority: int = DEFAULT_PRIORITY,
+        duration: float | None = None,
+        group: str | None = None,
     ) -> list[bool]:
         """Give OWNED blocks their (write-once) cache keys and index them.
 
@@ -562,6 +598,9 @@ class BlockPool:
             block_ids: OWNED, unkeyed blocks (no repeats).
             keys: one non-empty ``bytes`` key per block.
             priority: eviction priority 0..100 once CACHED (lower is evicted first).
+            duration: seconds after which ``priority`` decays to the default
+                (``kvgov.defaults.DEFAULT_PRIORITY``), counted from now; None: never.
+            group: the quota group the blocks count against (e.g. the tenant), or None.
 
         Returns:
             Per block, True if its key was indexed; False if another block already
@@ -569,8 +608,9 @@ class BlockPool:
             block then stays unkeyed and is zeroized when freed.
 
         Raises:
-            InvalidSpec: lengths differ, a key is not non-empty bytes, or ``priority`` is
-                not an int in 0..100.
+            InvalidSpec: lengths differ, a key is not non-empty bytes, ``priority`` is
+                not an int in 0..100, ``duration`` not a positive finite number, or
+                ``group`` not a non-empty string.
             UnknownBlock: an id is not a block of this pool.
             BlockStateError: a block is not OWNED.
             KeyAlreadySet: a block already has (or had, before a revoke) a key, or
@@ -581,6 +621,12 @@ class BlockPool:
             raise InvalidSpec(
                 "priority", priority, f"must be an int in {MIN_PRIORITY}..{MAX_PRIORITY}"
             )
+        if duration is not None and (
+            type(duration) not in (int, float) or not 0 < duration < math.inf
+        ):
+            raise InvalidSpec("duration", duration, "must be a positive finite number of seconds")
+        if group is not None and (type(group) is not str or not group):
+            raise InvalidSpec("group", group, "must be a non-empty string or None")
         with self._lock:
             if self._closed:
                 raise PoolClosed()
@@ -612,6 +658,8 @@ class BlockPool:
                         raise InvalidSpec("key", k, "a cache key must be non-empty bytes")
             index = self._index
             prio = meta.priority
+            gid = self._group_id(group) if group is not None else 0
+            bgroup = meta.group
             out: list[bool] = []
             keyed: list[int] = []
             for b, k in zip(ids, ks, strict=True):
@@ -621,8 +669,17 @@ class BlockPool:
                 index[k] = b
                 bkeys[b] = k
                 prio[b] = priority
+                bgroup[b] = gid
                 keyed.append(b)
                 out.append(True)
+            decay = self._decay
+            if duration is not None and priority != DEFAULT_PRIORITY:
+                at = self._clock() + duration
+                for b in keyed:
+                    decay.set(b, at)
+            elif decay:
+                for b in keyed:
+                    decay.clear(b)
             if keyed:
                 self._events.append(BlocksKeyed(tuple(keyed)))
             return out
@@ -633,6 +690,8 @@ class BlockPool:
         key: bytes,
         *,
         priority: int = DEFAULT_PRIORITY,
+        duration: float | None = None,
+        group: str | None = None,
     ) -> bool:
         """Key one block: :meth:`set_keys` for a single block.
 
@@ -640,6 +699,8 @@ class BlockPool:
             block_id: an OWNED, unkeyed block.
             key: its non-empty cache key.
             priority: eviction priority 0..100.
+            duration: as :meth:`set_keys`.
+            group: as :meth:`set_keys`.
 
         Returns:
             True if the key was indexed, False if another block holds it.
@@ -651,7 +712,9 @@ class BlockPool:
             KeyAlreadySet: as :meth:`set_keys`.
             PoolClosed: the pool was closed.
         """
-        return self.set_keys([block_id], [key], priority=priority)[0]
+        return self.set_keys([block_id], [key], priority=priority, duration=duration, group=group)[
+            0
+        ]
 
     def lookup(self, keys: Iterable[bytes]) -> list[int]:
         """Find the longest leading run of keys that are indexed, taking a reference on each.
@@ -697,6 +760,96 @@ class BlockPool:
             if out:
                 self._events.append(BlocksHit(tuple(out)))
             return out
+
+    # ------------------------------------------------------------------ quotas
+
+    def set_quotas(self, quotas: Mapping[str, Quota] | None) -> None:
+        """Set every group's floor and cap on CACHED blocks (replacing the earlier ones).
+
+        Groups over their new cap lose their excess at once (BlocksEvicted, reason
+        ``"cap"``). An empty mapping or None removes every quota: eviction is plain
+        priority/LRU again. See :mod:`kvgov.allocator.quota` for the order.
+
+        Args:
+            quotas: group -> :class:`~kvgov.allocator.quota.Quota`, or None.
+
+        Raises:
+            InvalidQuota: a quota is malformed or the floors add up to more than the
+                pool (nothing changed).
+            ZeroizationError: a block evicted for its cap failed verification.
+            PoolClosed: the pool was closed.
+        """
+        checked = check_quotas(quotas or {}, self._num_blocks)
+        with self._lock:
+            self._open()
+            old = self._queue
+            order = old.pop(len(old))  # plain eviction order, oldest first per level
+            if checked:
+                ids = {self._group_id(g): q for g, q in checked.items()}
+                queue: EvictionQueue | QuotaQueue = QuotaQueue(
+                    self._meta.group, self._num_blocks, ids
+                )
+            else:
+                queue = EvictionQueue()
+            self._queue = queue
+            self._quotas = checked or None
+            prio = self._meta.priority
+            for p in sorted({prio[b] for b in order}):
+                queue.extend([b for b in order if prio[b] == p], prio)
+            if order and checked:
+                self._enforce_caps(order)
+
+    def quotas(self) -> dict[str, Quota]:
+        """The quotas in force, by group (empty: none)."""
+        with self._lock:
+            return dict(self._quotas or {})
+
+    def cached_by_group(self) -> dict[str, int]:
+        """CACHED blocks per group that has any ("" for blocks keyed without a group)."""
+        with self._lock:
+            names = self._group_names
+            group = self._meta.group
+            if isinstance(self._queue, QuotaQueue):
+                return {names[g]: c for g, c in self._queue.counts().items()}
+            return dict(Counter(names[group[b]] for b in self._queue))
+
+    def _group_id(self, name: str) -> int:
+        gid = self._group_ids.get(name)
+        if gid is None:
+            gid = self._group_ids[name] = len(self._group_names)
+            self._group_names.append(name)
+        return gid
+
+    def _enforce_caps(self, blocks: list[int]) -> None:
+        """Evict, for each group of ``blocks`` over its cap, its excess (reason ``"cap"``)."""
+        queue = self._queue
+        if not isinstance(queue, QuotaQueue):
+            return
+        group = self._meta.group
+        for gid in dict.fromkeys(group[b] for b in blocks):
+            excess = queue.excess(gid)
+            if excess:
+                self._drop_cached(queue.take_own(gid, excess), CAP)
+
+    def _decay_due(self) -> None:
+        """Lower every CACHED block whose priority duration passed to the default,
+        at the most recently used end of the default level."""
+        due = self._decay.due(self._clock())
+        if not due:
+            return
+        count = self._meta.count
+        prio = self._meta.priority
+        keys = self._meta.key
+        queue = self._queue
+        for b in due:
+            if keys[b] is None or prio[b] == DEFAULT_PRIORITY:
+                continue
+            if count[b] == CACHED_CODE:
+                queue.remove(b, prio[b])
+                prio[b] = DEFAULT_PRIORITY
+                queue.extend((b,), prio)
+            else:
+                prio[b] = DEFAULT_PRIORITY
 
     # ------------------------------------------------------------------ erasure
     # Blocks taken out of the cache on a caller's word rather than on allocation
@@ -869,6 +1022,8 @@ class BlockPool:
         self._meta = BlockTable.create(0)
         self._free = []
         self._queue = EvictionQueue()
+        self._decay = Decay()
+        self._quotas = None
         self._index = {}
         self._dirty = 0
         self._detached = set()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -108,6 +109,7 @@ class GovernedKVCache:
             clock=clock,
         )
         gov = self._gov
+        gov.sync_eviction()
         if offload is not None:
             offload.attach(gov.ledger, policy, audit, pool, pool.spec.block_size)
             gov.offload = offload
@@ -200,7 +202,7 @@ class GovernedKVCache:
             offload=offload,
         )
         try:
-            pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization)
+            pool = BlockPool(spec, num_blocks, device, verify=verify_zeroization, clock=clock)
         except BaseException:
             parts.close()
             raise
@@ -229,6 +231,35 @@ class GovernedKVCache:
     def policy(self) -> PolicyClient:
         """The policy client (for ``reload`` and ``offload`` decisions)."""
         return self._gov.policy
+
+    def reload_policy(
+        self,
+        policy_dir: str | os.PathLike[str] | None = None,
+        policy_data: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Reload the in-process policy bundle, then apply its eviction settings
+        (floors, caps, priority durations) to this pool.
+
+        Args:
+            policy_dir: new bundle directory; None keeps the current one.
+            policy_data: new data over data.json; None keeps the current data.
+
+        Returns:
+            The new revision.
+
+        Raises:
+            PolicyLoadError: the new bundle does not load (the old one stays active).
+            PolicyError: the engine cannot reload here (an OPA server reloads itself;
+                its new settings apply at the next admission).
+            InvalidQuota: the new bundle's floors and caps are malformed or its floors
+                add up to more than this pool; the bundle is active but the quotas
+                in force stay the previous ones (fix the data and reload again).
+        """
+        revision = self._gov.policy.reload(
+            None if policy_dir is None else Path(policy_dir), policy_data
+        )
+        self._gov.sync_eviction()
+        return revision
 
     @property
     def audit(self) -> AuditLog:
@@ -334,7 +365,7 @@ class GovernedKVCache:
                 plan = gov.plan(view, packed, bool(adm.cache), public_prefix_tokens)
             deferred: list[Deferred] = []
             hit_ids = self._hits.find_hits(gov.deriver, view, plan, packed, seq_id, deferred)
-            block_ids = self._allocate_rest(hit_ids, plan.num_blocks)
+            block_ids = self._allocate_rest(hit_ids, plan.num_blocks, scope.tenant)
             cached_tokens = len(hit_ids) * self._block_size
             try:
                 if gov.offload is not None:  # what the device missed, from the tiers
@@ -380,10 +411,23 @@ class GovernedKVCache:
         )
 
     def _key_blocks(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], priority: int, ttl: float | None
+        self,
+        block_ids: Sequence[int],
+        keys: Sequence[bytes],
+        priority: int,
+        ttl: float | None,
+        tenant: str,
     ) -> None:
-        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their retention."""
-        indexed = self._pool.set_keys(block_ids, keys, priority=priority)
+        """Key OWNED blocks (a duplicate key leaves its block unkeyed) and note their
+        retention; they count against ``tenant``'s quota, and their priority lasts the
+        tenant's priority duration."""
+        indexed = self._pool.set_keys(
+            block_ids,
+            keys,
+            priority=priority,
+            duration=self._gov.ledger.eviction.durations.get(tenant),
+            group=tenant,
+        )
         deadlines = self._gov.ledger.deadlines
         if indexed.count(True) == len(indexed):
             deadlines.keyed(block_ids, ttl)
@@ -411,7 +455,11 @@ class GovernedKVCache:
             return
         if first_new < prefix:
             self._key_blocks(
-                block_ids[first_new:prefix], plan.keys[first_new:prefix], priority, plan.prefix_ttl
+                block_ids[first_new:prefix],
+                plan.keys[first_new:prefix],
+                priority,
+                plan.prefix_ttl,
+                plan.prefix_view.scope.tenant if plan.prefix_view else scope.tenant,
             )
         start = max(first_new, prefix)
         if plan.num_full > start:
@@ -420,12 +468,14 @@ class GovernedKVCache:
                 plan.keys[start : plan.num_full],
                 priority,
                 plan.ttl,
+                scope.tenant,
             )
 
-    def _allocate_rest(self, hit_ids: list[int], num_blocks: int) -> list[int]:
-        """The block table: the hits, then new blocks; on any failure the hits go back."""
+    def _allocate_rest(self, hit_ids: list[int], num_blocks: int, tenant: str) -> list[int]:
+        """The block table: the hits, then new blocks (for ``tenant``'s quota); on any
+        failure the hits go back."""
         try:
-            new_ids = self._pool.allocate(num_blocks - len(hit_ids))
+            new_ids = self._pool.allocate(num_blocks - len(hit_ids), group=tenant)
         except BaseException:
             self._give_back(hit_ids, len(hit_ids))
             raise
@@ -487,7 +537,7 @@ class GovernedKVCache:
             bs = self._block_size
             total = seq.num_tokens + len(packed) // 4
             needed = -(-total // bs) - len(seq.block_ids)
-            new_ids = self._pool.allocate(needed) if needed > 0 else []
+            new_ids = self._pool.allocate(needed, group=seq.view.scope.tenant) if needed > 0 else []
             gov.drain()
             gov.ledger.owners.assign(new_ids, seq.view.scope)
             seq.block_ids.extend(new_ids)
@@ -497,7 +547,11 @@ class GovernedKVCache:
             if completed > 0 and seq.cacheable:
                 keys = gov.deriver.derive_chain(seq.parent, tail, seq.view.digest, bs, completed)
                 self._key_blocks(
-                    seq.block_ids[first_full : first_full + completed], keys, seq.priority, seq.ttl
+                    seq.block_ids[first_full : first_full + completed],
+                    keys,
+                    seq.priority,
+                    seq.ttl,
+                    seq.view.scope.tenant,
                 )
                 seq.parent = keys[-1]
             seq.tail = tail[completed * bs * 4 :]

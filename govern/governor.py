@@ -52,6 +52,7 @@ from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroi
 from kvgov.audit import AuditEvent, AuditLog, EventType
 from kvgov.exceptions import (
     InternalError,
+    InvalidQuota,
     InvalidScope,
     KeyStoreUnavailable,
     PolicyDenied,
@@ -75,7 +76,8 @@ from .keys import KeyDeriver
 from .ledger import Ledger
 from .logs import get_logger
 from .plan import KeyPlan, plan_keys, unkeyed_plan
-from .protocol import ObservedPool, RunningSequence
+from .protocol import ObservedPool, QuotaPool, RunningSequence
+from .quotas import EvictionRules, resolve
 from .results import ErasureReport, InvalidationReport, RotationReport
 from .scope import CacheScope
 from .stats import CacheStats, snapshot
@@ -190,6 +192,8 @@ class Governor:
         """
         adm = self.policy.admission(view.fields, num_tokens, priority)
         if adm.allow:
+            if adm.decision.bundle_revision != self.ledger.eviction.revision:
+                self.sync_eviction(strict=False)
             return adm
         decision = adm.decision
         with self.lock:
@@ -219,6 +223,49 @@ class Governor:
             decision_id=decision.decision_id,
         )
         raise PolicyDenied(decision.path, adm.reason, decision.decision_id)
+
+    def sync_eviction(self, *, strict: bool = True) -> EvictionRules:
+        """Read the policy's eviction settings (floors, caps, priority durations) into
+        the ledger and hand the quotas to the pool (when it is a QuotaPool).
+
+        Called at start, by an operator after a policy reload, and by :meth:`decide`
+        whenever the bundle's revision changed.
+
+        Args:
+            strict: raise when the settings are refused; otherwise log the error
+                and keep the rules in force (the refused revision is remembered, so
+                it is not read again on every admission).
+
+        Returns:
+            The rules in force.
+
+        Raises:
+            InvalidQuota: (strict) the settings are malformed or the floors add up
+                to more than the pool; the rules in force are unchanged. (A policy
+                that cannot be evaluated is logged, not raised: admissions fail
+                closed then anyway, and the next revision is read again.)
+        """
+        settings = self.policy.eviction()
+        revision = settings.decision.bundle_revision
+        try:
+            rules = resolve(settings, self.pool.num_blocks, revision)
+        except InvalidQuota as exc:
+            with self.lock:
+                old = self.ledger.eviction
+                self.ledger.eviction = EvictionRules(old.quotas, old.durations, revision)
+            _log.error("eviction_policy_refused", revision=revision, error=str(exc))
+            if strict and settings.decision.error is None:
+                raise  # a policy outage is not the operator's data: retried on change
+            return self.ledger.eviction
+        with self.lock:
+            pool = self.pool
+            if isinstance(pool, QuotaPool) and rules.quotas != self.ledger.eviction.quotas:
+                try:
+                    pool.set_quotas(rules.quotas)
+                finally:
+                    self.drain()
+            self.ledger.eviction = rules
+        return rules
 
     def plan(
         self, view: ScopeView, packed: bytes, cache: bool, public_prefix_tokens: int
@@ -658,6 +705,7 @@ class Governor:
                 orphans_recovered=orphans_recovered,
                 offload=None if self.offload is None else self.offload.snapshot(),
                 admission_latency=self.admission_latency,
+                quotas=self.ledger.eviction.quotas,
             )
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ tenant, and nothing else (no policy, no audit log, no pool)::
     counters     tenant -> its counters                   (stats.TenantCounters)
     unattributed counters of blocks without an owner
     purging      tenants being erased now (admissions refused)
+    eviction     tenant -> cache floor, cap, priority duration (quotas.EvictionRules)
 
 The :class:`~kvgov.govern.governor.Governor` owns one ledger and passes it to
 the helpers that read or change it (:mod:`kvgov.govern.sharing`,
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from kvgov.policy import PolicyClient
 
 from .ownership import Owners
+from .quotas import EvictionRules
 from .retention import Deadlines
 from .stats import TenantCounters
 from .views import ScopeViews
@@ -49,6 +51,9 @@ class Ledger:
         counters: per tenant.
         unattributed: counters of events on blocks without an owner.
         purging: tenants whose erasure runs now.
+        eviction: each tenant's cache floor and cap (in blocks) and priority
+            duration, from the policy (replaced whole, under the lock, when the
+            bundle changes: see ``Governor.sync_eviction``).
     """
 
     owners: Owners
@@ -59,6 +64,7 @@ class Ledger:
     )
     unattributed: TenantCounters = field(default_factory=TenantCounters)
     purging: set[str] = field(default_factory=set)
+    eviction: EvictionRules = field(default_factory=EvictionRules)
 
     @classmethod
     def create(

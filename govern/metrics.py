@@ -131,6 +131,19 @@ CACHE_METRICS: tuple[MetricInfo, ...] = (
     *(_m(n, "counter", "tenant", d) for n, (_f, d) in _TENANT_COUNTERS.items()),
     *(_m(n, "counter", "tenant reason", d) for n, (_f, d) in _TENANT_REASONS.items()),
     _m("kvgov_tenant_blocks", "gauge", "tenant state", "a tenant's blocks by state"),
+    _m("kvgov_cached_blocks", "gauge", "tenant", "a tenant's CACHED blocks"),
+    _m(
+        "kvgov_cache_floor_utilisation_ratio",
+        "gauge",
+        "tenant",
+        "a tenant's CACHED blocks over its floor, 0 to 1 (tenants with a floor)",
+    ),
+    _m(
+        "kvgov_cache_cap_utilisation_ratio",
+        "gauge",
+        "tenant",
+        "a tenant's CACHED blocks over its cap (tenants with a cap)",
+    ),
     _m("kvgov_pool_blocks", "gauge", "state", "pool blocks by state"),
     _m(
         "kvgov_pool_usage_ratio",
@@ -239,6 +252,7 @@ class CacheCollector:
             for state, count in t.blocks_by_state.items():
                 blocks.add_metric([tenant, state], float(count))
         yield blocks
+        yield from _quota_families(s)
         states = s.total.blocks_by_state
         pool = GaugeMetricFamily("kvgov_pool_blocks", _HELP["kvgov_pool_blocks"], labels=["state"])
         for state, count in states.items():
@@ -260,6 +274,35 @@ class CacheCollector:
         yield _histogram("kvgov_policy_evaluation_duration_seconds", "rule", s.policy_latency)
         if s.offload is not None:
             yield from _offload_families(s.offload)
+
+
+def _quota_families(s: CacheStats) -> Iterator[Metric]:
+    """kvgov_cached_blocks per tenant, and each floor's and cap's utilisation."""
+    cached = {t: ts.blocks_by_state.get("cached", 0) for t, ts in s.tenants.items()}
+    family = GaugeMetricFamily(
+        "kvgov_cached_blocks", _HELP["kvgov_cached_blocks"], labels=["tenant"]
+    )
+    for tenant, n in cached.items():
+        family.add_metric([tenant], float(n))
+    yield family
+    floor = GaugeMetricFamily(
+        "kvgov_cache_floor_utilisation_ratio",
+        _HELP["kvgov_cache_floor_utilisation_ratio"],
+        labels=["tenant"],
+    )
+    cap = GaugeMetricFamily(
+        "kvgov_cache_cap_utilisation_ratio",
+        _HELP["kvgov_cache_cap_utilisation_ratio"],
+        labels=["tenant"],
+    )
+    for tenant, q in s.quotas.items():
+        n = cached.get(tenant, 0)
+        if q.floor:
+            floor.add_metric([tenant], min(1.0, n / q.floor))
+        if q.cap is not None:
+            cap.add_metric([tenant], n / q.cap if q.cap else 1.0)
+    yield floor
+    yield cap
 
 
 def _offload_families(snap: OffloadSnapshot) -> Iterator[Metric]:

@@ -9,7 +9,7 @@ tenant keys) to a governor's ledger and its driven pool. It is attached once
     capacity eviction (inside pool.allocate)          admission (GovernedKVCache.admit)
     ---------------------------------------           ------------------------------------
     pool -> observer(EvictedBlocks)                   HitFinder.find_hits: the device's prefix
-      reason != "capacity"?         -> nothing        allocate the rest
+      not a pressure reason?        -> nothing        allocate the rest
       per owner scope:                                restore(): for each next key the
         tenant purging?             -> skip             scope's own namespace holds, in
         published in a share group? -> skip             the tiers in order:
@@ -37,7 +37,7 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
-from kvgov.allocator import EvictedBlocks
+from kvgov.allocator import PRESSURE_REASONS, EvictedBlocks
 from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
 from kvgov.defaults import MAX_SCOPES
 from kvgov.exceptions import InvalidArgument, OffloadError
@@ -63,9 +63,10 @@ __all__ = ["Offloading"]
 
 _log = get_logger()
 
-#: The eviction reason that is offloaded; purge, invalidation, rotation, expiry and
-#: close destroy the KV on purpose.
-CAPACITY = "capacity"
+#: The eviction reasons that are offloaded (allocation pressure: capacity, priority,
+#: cap, floor pressure); purge, invalidation, rotation, expiry and close destroy the
+#: KV on purpose.
+OFFLOADED_REASONS = PRESSURE_REASONS
 
 
 class _Attached:
@@ -159,7 +160,7 @@ class Offloading:
 
     def _on_evict(self, evicted: EvictedBlocks) -> None:
         """The pool's eviction observer: offload capacity evictions; never raise."""
-        if evicted.reason != CAPACITY:
+        if evicted.reason not in OFFLOADED_REASONS:
             return
         try:
             self._capture(evicted)

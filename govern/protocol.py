@@ -44,10 +44,17 @@ whose pool lacks them runs without offload tiers:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from kvgov.allocator import BlockState, EvictionObserver, PoolCounts, PoolEvent, Revoked
+from kvgov.allocator import (
+    BlockState,
+    EvictionObserver,
+    PoolCounts,
+    PoolEvent,
+    Quota,
+    Revoked,
+)
 
 from .scope import CacheScope
 
@@ -98,8 +105,9 @@ class ObservedPool(Protocol):
 class DrivenPool(ObservedPool, Protocol):
     """A block pool its binding drives: allocate, free, lookup and key blocks itself."""
 
-    def allocate(self, n: int) -> list[int]:
-        """Hand out ``n`` zeroed blocks, evicting cached ones if needed; OutOfBlocks if not."""
+    def allocate(self, n: int, *, group: str | None = None) -> list[int]:
+        """Hand out ``n`` zeroed blocks for ``group`` (the tenant), evicting cached ones
+        if needed (in quota order where the pool has quotas); OutOfBlocks if not."""
         ...
 
     def free(self, block_ids: Iterable[int], *, cache: bool = True) -> None:
@@ -111,9 +119,28 @@ class DrivenPool(ObservedPool, Protocol):
         ...
 
     def set_keys(
-        self, block_ids: Sequence[int], keys: Sequence[bytes], *, priority: int
+        self,
+        block_ids: Sequence[int],
+        keys: Sequence[bytes],
+        *,
+        priority: int,
+        duration: float | None = None,
+        group: str | None = None,
     ) -> list[bool]:
-        """Key OWNED blocks; per block, whether its key was indexed (False: a duplicate)."""
+        """Key OWNED blocks at an eviction ``priority`` that decays to the default after
+        ``duration`` seconds, counted against ``group``'s quota (the tenant); per block,
+        whether its key was indexed (False: a duplicate)."""
+        ...
+
+
+@runtime_checkable
+class QuotaPool(Protocol):
+    """A pool whose eviction choice honours per-tenant floors and caps
+    (:mod:`kvgov.allocator.quota`): the governor hands it the quotas of its ledger."""
+
+    def set_quotas(self, quotas: Mapping[str, Quota] | None) -> None:
+        """Replace every tenant's floor and cap (None or empty: none); InvalidQuota if
+        they do not fit the pool (nothing changed)."""
         ...
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from kvgov.allocator import BlockState
+from kvgov.allocator import BlockState, Quota
 from kvgov.policy.latency import LatencyHistogram, LatencySnapshot
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class CacheStats:
             ``denied``: the policy refused, ``error``: any other exception).
         policy_latency: how long the policy engine took per rule path, for the
             decisions the decision cache did not serve.
+        quotas: each tenant's cache floor and cap in force, in blocks (tenants
+            with neither are absent).
     """
 
     total: TenantStats
@@ -104,6 +106,7 @@ class CacheStats:
     offload: OffloadSnapshot | None = None
     admission_latency: Mapping[str, LatencySnapshot] = field(default_factory=dict)
     policy_latency: Mapping[str, LatencySnapshot] = field(default_factory=dict)
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +210,7 @@ def snapshot(
     orphans_recovered: int,
     offload: OffloadSnapshot | None = None,
     admission_latency: Mapping[str, LatencyHistogram] | None = None,
+    quotas: Mapping[str, Quota] | None = None,
 ) -> CacheStats:
     """Freeze a governor's counters, with its blocks by state per tenant and in total.
 
@@ -260,4 +264,5 @@ def snapshot(
         offload=offload,
         admission_latency={k: h.snapshot() for k, h in (admission_latency or {}).items()},
         policy_latency=policy.evaluation_latency(),
+        quotas=dict(quotas or {}),
     )

@@ -14,11 +14,14 @@ from kvgov.policy.bundle import BUNDLE_DIR, Bundle, PolicyFile, deep_merge
 from kvgov.policy.cache import CachedEngine, CacheStats
 from kvgov.policy.client import (
     AdmissionDecision,
+    CacheAmount,
+    EvictionSettings,
     OffloadDecision,
     PolicyClient,
     RetentionDecision,
     ShareGroups,
     SharingDecision,
+    TenantEviction,
 )
 from kvgov.policy.diff import diff_bundles, generate_inputs
 from kvgov.policy.embedded import EmbeddedEngine
@@ -40,12 +43,14 @@ __all__ = [
     "BUNDLE_DIR",
     "AdmissionDecision",
     "Bundle",
+    "CacheAmount",
     "CacheStats",
     "CachedEngine",
     "Change",
     "CoverageReport",
     "Decision",
     "EmbeddedEngine",
+    "EvictionSettings",
     "FileCoverage",
     "OffloadDecision",
     "OpaServerEngine",
@@ -60,6 +65,7 @@ __all__ = [
     "ReviewReport",
     "ShareGroups",
     "SharingDecision",
+    "TenantEviction",
     "deep_merge",
     "diff_bundles",
     "generate_inputs",

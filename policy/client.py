@@ -66,6 +66,7 @@ GROUPS_PATH = "kvgov/sharing/groups"
 RETENTION_PATH = "kvgov/retention/decision"
 OFFLOAD_PATH = "kvgov/offload/decision"
 CLASSIFICATIONS_PATH = "kvgov/classifications"
+EVICTION_PATH = "kvgov/eviction/decision"
 
 _scope_values = operator.itemgetter(*SCOPE_FIELDS)
 _NUMBER = (int, float)
@@ -179,6 +180,57 @@ class OffloadDecision(_Verdict):
     """
 
 
+@dataclass(frozen=True, slots=True)
+class CacheAmount:
+    """A number of KV blocks, given as blocks or as a fraction of the pool.
+
+    Attributes:
+        blocks: the number of blocks, or None when given as a fraction.
+        fraction: the fraction of the pool (0..1), or None when given as blocks.
+    """
+
+    blocks: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, num_blocks: int) -> int:
+        """The number of blocks in a pool of ``num_blocks`` (a fraction rounds down)."""
+        if self.blocks is not None:
+            return self.blocks
+        return int((self.fraction or 0.0) * num_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEviction:
+    """One tenant's eviction settings from the policy's data.
+
+    Attributes:
+        floor: cached blocks kept unless nothing else can be evicted, or None.
+        cap: the most cached blocks the tenant keeps, or None.
+        priority_duration: seconds after which a block's priority decays to the
+            default, or None (never).
+    """
+
+    floor: CacheAmount | None
+    cap: CacheAmount | None
+    priority_duration: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionSettings:
+    """Every tenant's floor, cap and priority duration (``kvgov/eviction/decision``).
+
+    Attributes:
+        tenants: tenant -> its settings (only tenants with any set).
+        errors: what is malformed in the policy's data; a governor refuses the
+            settings when there is any.
+        decision: the underlying decision.
+    """
+
+    tenants: Mapping[str, TenantEviction]
+    errors: tuple[str, ...]
+    decision: Decision
+
+
 def _malformed(decision: Decision, what: str) -> Decision:
     """The same decision, denied, with the shape error as its error."""
     if decision.error is not None:
@@ -270,6 +322,46 @@ def _read_retention(d: Decision) -> RetentionDecision:
             return RetentionDecision(ttl_seconds=ttl, decision=d)
     d = _malformed(d, "expected {ttl_seconds: number >= 0}")
     return RetentionDecision(ttl_seconds=0, decision=d)
+
+
+def _read_amount(q: Any) -> CacheAmount | None:
+    """``{"blocks": n}`` or ``{"fraction": f}`` as a CacheAmount; None for null."""
+    if q is None:
+        return None
+    if type(q) is dict and len(q) == 1:
+        n: Any = q.get("blocks")
+        if _is_int(n) and n >= 0:
+            return CacheAmount(blocks=int(n))
+        f = q.get("fraction")
+        if isinstance(f, int | float) and not isinstance(f, bool) and 0 <= f <= 1:
+            return CacheAmount(fraction=float(f))
+    raise ValueError(f"not a cache amount: {q!r}")
+
+
+def _read_eviction(d: Decision) -> EvictionSettings:
+    r = d.result
+    if d.error is None and type(r) is dict and type(r.get("tenants")) is dict:
+        errors = r.get("errors")
+        if type(errors) is list and errors and all(type(e) is str for e in errors):
+            # the operator's data is malformed: say what, read nothing
+            return EvictionSettings(tenants={}, errors=tuple(sorted(errors)), decision=d)
+        if type(errors) is list and not errors:
+            try:
+                tenants: dict[str, TenantEviction] = {}
+                for t, cfg in r["tenants"].items():
+                    s = cfg["priority_duration"]
+                    if s is not None and (type(s) not in (int, float) or not 0 < s < math.inf):
+                        raise ValueError(f"not a duration: {s!r}")
+                    tenants[t] = TenantEviction(
+                        floor=_read_amount(cfg["floor"]),
+                        cap=_read_amount(cfg["cap"]),
+                        priority_duration=None if s is None else float(s),
+                    )
+                return EvictionSettings(tenants=tenants, errors=tuple(sorted(errors)), decision=d)
+            except (KeyError, TypeError, ValueError) as exc:
+                d = _malformed(d, f"expected {{tenants, errors}}: {exc}")
+    d = _malformed(d, "expected {tenants: {tenant: {floor, cap, priority_duration}}, errors}")
+    return EvictionSettings(tenants={}, errors=(d.error or "malformed",), decision=d)
 
 
 def _read_classifications(d: Decision) -> frozenset[str]:
@@ -464,6 +556,15 @@ class PolicyClient:
             The labels; an empty set on any error (every label is then unknown).
         """
         return self._cached.answer(CLASSIFICATIONS_PATH, (), _read_classifications, dict)
+
+    def eviction(self) -> EvictionSettings:
+        """Return every tenant's cache floor, cap and priority duration.
+
+        Returns:
+            The settings; on any error, none and the error in ``errors`` (a governor
+            then refuses them and keeps what it had).
+        """
+        return self._cached.answer(EVICTION_PATH, (), _read_eviction, dict)
 
     def reload(
         self, policy_dir: str | Path | None = None, policy_data: Mapping[str, Any] | None = None

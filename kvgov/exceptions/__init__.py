@@ -28,6 +28,7 @@ from __future__ import annotations
 from kvgov.exceptions.allocator import (
     AllocatorError,
     BlockStateError,
+    InvalidQuota,
     InvalidSpec,
     KeyAlreadySet,
     OutOfBlocks,
@@ -112,6 +113,7 @@ __all__ = [
     "InvalidAuditUrl",
     "InvalidFleetOrder",
     "InvalidOffloadArgument",
+    "InvalidQuota",
     "InvalidScope",
     "InvalidSpec",
     "InvalidTimeBound",

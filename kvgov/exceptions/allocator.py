@@ -109,3 +109,19 @@ class PoolClosed(AllocatorError):
 
     def __init__(self) -> None:
         super().__init__("the pool is closed; create a new one")
+
+
+class InvalidQuota(AllocatorError, ValueError):
+    """A cache quota (a group's floor or cap) is malformed, or the floors add up to
+    more than the pool: nothing was changed.
+
+    Attributes:
+        group: the group at fault, or None when the quotas together are (the floors' sum).
+        reason: what is wrong.
+    """
+
+    def __init__(self, group: object, reason: str) -> None:
+        self.group = group
+        self.reason = reason
+        where = f"quota of {group!r}" if group is not None else "quotas"
+        super().__init__(f"invalid {where}: {reason}")

@@ -11,6 +11,7 @@
 # max_tokens (data.json ships 262144) unless the tenant overrides it. Tenant
 # overrides (data.kvgov.config.tenants[t]): "admission": false denies, "cache":
 # false admits without caching, "priority" is the tenant's default priority,
+# "max_priority" caps the priority a request may ask for,
 # "max_tokens" replaces the bundle's limit (a limit that is not a non-negative
 # number denies every request of that tenant).
 #
@@ -102,10 +103,12 @@ admitted(cls, t) := {"cache": false, "reason": "admitted; restricted data is nev
 
 # granted_priority(p, t): the eviction priority of an admitted request that asked
 # for p: when p is null (the common case, first), the tenant's default, else the
-# bundle's; p itself when it is an integer 0-100; undefined for any other p.
+# bundle's; p itself when it is an integer 0-100, capped by the tenant's
+# max_priority where set (a request hint never raises a tenant above it);
+# undefined for any other p.
 granted_priority(p, t) := object.get(t, "priority", data.kvgov.config.default_priority) if {
 	p == null
-} else := p if {
+} else := min([p, object.get(t, "max_priority", 100)]) if {
 	is_number(p)
 	p >= 0
 	p <= 100

@@ -145,15 +145,19 @@ class CacheMachine(RuleBasedStateMachine):
         target: Any = self.cache.pool if step != "record" else self.cache.governor
         name = {"allocate": "allocate", "set_keys": "set_keys", "record": "record_admission"}
         scope = make_scope(tenant=tenant)
+        seq_id = f"f{self.serial}"
+        self.serial += 1
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(target, name[step], _fail)
             try:
-                self.cache.admit(f"f{self.serial}", scope, PROMPTS[prompt])
+                adm = self.cache.admit(seq_id, scope, PROMPTS[prompt])
             except (Injected, KVGovError):
-                pass
-            else:  # pragma: no cover - every path through admit allocates, keys or records
-                raise AssertionError(f"the {step} fault did not fire")
-        self.serial += 1
+                return
+        # every admission allocates and records; only one that found every full block
+        # cached (a live sequence of the same scope keyed them) has nothing to key
+        full = len(PROMPTS[prompt]) // SPEC.block_size * SPEC.block_size
+        assert step == "set_keys" and adm.cached_tokens == full, f"the {step} fault did not fire"
+        self.live[seq_id] = scope
 
     # ------------------------------------------------------------------ invariants
 
