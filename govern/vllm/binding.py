@@ -97,8 +97,8 @@ class VllmGovernance:
         self.pool = pool
         self.resolver = resolver
         self.block_size = block_size
-        # zero lists handed to steps, by id(list): (list, owners at ordering)
-        self._inflight: dict[int, tuple[list[int], list[Any]]] = {}
+        # zero lists handed to steps, by id(list): (list, the (id, owner) zeroings it completes)
+        self._inflight: dict[int, tuple[list[int], list[tuple[int, Any]]]] = {}
         # zeroing done but not yet written (step_returned): by id(owner), steps, since when
         self._done: dict[int, tuple[Any, list[int]]] = {}
         self._done_steps = 0
@@ -396,14 +396,35 @@ class VllmGovernance:
         """Whether ids wait for a step to carry them to the workers."""
         return bool(self.pool.kvgov_zero)
 
-    def zero_orders(self) -> list[int] | None:
-        """The ids that left an owner since the last step: this step's ``new_block_ids_to_zero``."""
+    def zero_orders(self, also: Sequence[int] = ()) -> list[int] | None:
+        """The ids that left an owner since the last step: this step's ``new_block_ids_to_zero``.
+
+        Args:
+            also: ids vLLM itself zeroes this step (its new blocks, where its cache needs
+                zeroing: mixed precision), carried too; their zeroing completes no order.
+        """
         self.drain()
         if not self.zero_pending():  # most steps: nothing to carry
-            return None
-        ids, owners = self.pool.take_zero_orders()
-        self._inflight[id(ids)] = (ids, owners)
+            if not also:
+                return None
+            ids: list[int] = list(dict.fromkeys(also))
+            self._inflight[id(ids)] = (ids, [])
+            return ids
+        ids, pairs = self.pool.take_zero_orders()
+        if also:
+            ordered = set(ids)
+            ids.extend(i for i in dict.fromkeys(also) if i not in ordered)
+        self._inflight[id(ids)] = (ids, pairs)
         return ids
+
+    def loaded(self, block_ids: Iterable[int]) -> None:
+        """An async KV-connector load fills ``block_ids``: keep them out of this step's zeroing.
+
+        A block among them that left an owner since the last step is not zeroed now
+        (the zeroing would race the load); it is zeroed at its next release, and that
+        step's "done" covers its earlier owner too (:meth:`GovernedBlockPool.kvgov_defer_zero`).
+        """
+        self.pool.kvgov_defer_zero(block_ids)
 
     def step_returned(self, carried: list[int] | None, *, has_requests: Callable[[], bool]) -> None:
         """The step whose output carried ``carried`` came back: the workers zeroed them.
@@ -423,7 +444,7 @@ class VllmGovernance:
             entry = self._inflight.pop(id(carried), None)
         if entry is not None and entry[0] is carried:
             done = self._done
-            for b, owner in zip(*entry, strict=True):
+            for b, owner in entry[1]:
                 key = id(owner)
                 group = done.get(key)
                 if group is None:

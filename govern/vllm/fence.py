@@ -250,7 +250,8 @@ TOUCHED: tuple[Touch, ...] = (
         "private attribute (write)",
         "vllm.v1.core.single_type_kv_cache_manager",
         "turned off: the forced zeroing flag makes vLLM record every new block for zeroing; "
-        "the governed scheduler orders its own (every block that left an owner)",
+        "the governed scheduler orders its own (every block that left an owner), and keeps "
+        "vLLM's record only where vLLM's cache needs it (mixed precision)",
         _SAME,
     ),
     Touch(
@@ -258,7 +259,8 @@ TOUCHED: tuple[Touch, ...] = (
         "override",
         "vllm.v1.core.sched.scheduler",
         "the ids a step's workers zero before its forward pass: kvgov's orders (every block "
-        "that left an owner) replace vLLM's",
+        "that left an owner, but those an async KV load fills this step), plus vLLM's where "
+        "its cache needs zeroing (mixed precision)",
         _SAME,
     ),
     Touch(
@@ -501,6 +503,17 @@ def force_kv_cache_zeroing() -> None:
         return True
 
     KVCacheConfig.needs_kv_cache_zeroing = property(_mark(needs_kv_cache_zeroing))
+
+
+def vllm_needs_kv_cache_zeroing(kv_cache_config: Any) -> bool:
+    """``KVCacheConfig.needs_kv_cache_zeroing`` as vLLM computes it (kvgov forces the property).
+
+    vLLM zeroes new blocks for Mamba layers (refused by kvgov) and mixed-precision caches.
+    """
+    return bool(
+        getattr(kv_cache_config, "has_mamba_layers", False)
+        or getattr(kv_cache_config, "has_mixed_precision_kv_cache", False)
+    )
 
 
 def kv_cache_zeroing_forced() -> bool:

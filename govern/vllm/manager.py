@@ -43,9 +43,11 @@ class GovernedKVCacheManager(KVCacheManager):
         governed.kvgov = binding
         # The forced needs_kv_cache_zeroing makes vLLM record every new block's id for
         # zeroing (a generator over the blocks per allocation); the governed scheduler
-        # orders its own zeroing (every block that left an owner) and drops that record,
-        # so it is not kept at all.
-        fence.stop_recording_new_block_ids(governed)
+        # orders its own zeroing (every block that left an owner), so the record is not
+        # kept, unless vLLM's cache needs its new blocks zeroed itself (mixed precision):
+        # then the step carries both.
+        if not fence.vllm_needs_kv_cache_zeroing(getattr(manager, "kv_cache_config", None)):
+            fence.stop_recording_new_block_ids(governed)
         return governed
 
     def get_computed_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,6 +95,16 @@ class GovernedKVCacheManager(KVCacheManager):
                 loaded = self.get_blocks(request.request_id).blocks
                 first, end = local // bs, (local + external) // bs
                 new = [*(b for g in loaded for b in g[first:end] if not b.is_null), *new]
+                skip = args[7] if len(args) > 7 else kwargs.get("skip_zeroing_group_ids", ())
+                if skip:  # an async load fills them: no zeroing may race it this step
+                    last = -(-(local + external) // bs)  # the load's partial block too
+                    binding.loaded(
+                        b.block_id
+                        for i in skip
+                        if i < len(loaded)
+                        for b in loaded[i][first:last]
+                        if not b.is_null
+                    )
             state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
                 binding.allocated(request, new, hit, hit_tokens=num_new_computed_tokens)

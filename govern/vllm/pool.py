@@ -11,7 +11,10 @@ the methods where a block changes hands, which
   evicted on request (purge, invalidation, expiry, a KV connector), reset. The
   ids go out with the next step's ``SchedulerOutput.new_block_ids_to_zero``;
   the worker zeroes them before that step's forward pass, so before any new
-  owner writes them or anyone reads them;
+  owner writes them or anyone reads them. One exception, as in vLLM: a block
+  handed in the same step to an *asynchronous* KV-connector load is left out of
+  that step (the zeroing would race the load, which overwrites it); its new
+  owner holds it, and it is zeroed when it leaves that owner (``kvgov_defer_zero``);
 * reports what the governor needs as kvgov's allocator events: blocks cached
   (``BlocksCached``: their retention starts), evicted (``BlocksEvicted``) and
   ordered zeroed (``BlocksZeroized``, state ``"ordered"``). Allocations and hits
@@ -83,6 +86,9 @@ class GovernedBlockPool(BlockPool):
         # binding takes them (take_zero_orders).
         self.kvgov_zero: list[int] = []
         self.kvgov_zero_owners: list[Any] = []
+        # Orders taken back before a step carried them (kvgov_defer_zero): per block id, the
+        # owners whose zeroing now waits for the block's next order (its next release).
+        self.kvgov_deferred: dict[int, list[Any]] = {}
         # The governor's block -> owner table (None without a binding); read, never written.
         self.kvgov_owner_table: list[Any] | None = None
         # kvgov events since the adapter last took them, oldest first.
@@ -104,12 +110,14 @@ class GovernedBlockPool(BlockPool):
         governed.kvgov_init()
         return governed
 
-    def take_zero_orders(self) -> tuple[list[int], list[Any]]:
-        """The block ids ordered zeroed since the last call, and their owners then.
+    def take_zero_orders(self) -> tuple[list[int], list[tuple[int, Any]]]:
+        """The block ids ordered zeroed since the last call, and whose zeroing each carries.
 
         Returns:
-            The ids, each once (for the next step's output), and per id the owner
-            it had when it was ordered (None without a binding).
+            The ids, each once (for the next step's output), and the (id, owner) pairs
+            the step's zeroing completes: per id the owner it had when it was ordered
+            (None without a binding), plus the owners of orders deferred on it earlier
+            (:meth:`kvgov_defer_zero`).
         """
         ids, owners = self.kvgov_zero, self.kvgov_zero_owners
         self.kvgov_zero, self.kvgov_zero_owners = [], []
@@ -118,7 +126,45 @@ class GovernedBlockPool(BlockPool):
             for i, owner in zip(ids, owners, strict=True):
                 first.setdefault(i, owner)
             ids, owners = list(first), list(first.values())
-        return ids, owners
+        pairs = list(zip(ids, owners, strict=True))
+        deferred = self.kvgov_deferred
+        if deferred:
+            for i in ids:
+                earlier = deferred.pop(i, None)
+                if earlier is not None:
+                    pairs.extend((i, owner) for owner in earlier)
+        return ids, pairs
+
+    def kvgov_defer_zero(self, block_ids: Iterable[int]) -> list[int]:
+        """Take back the pending zero orders of ``block_ids``: an async KV load fills them.
+
+        vLLM leaves out of a step's zeroing the blocks an asynchronous KV-connector
+        load writes (the host-submitted read would race the zeroing). A block that
+        left its owner and was handed to such a load in the same step is therefore
+        not zeroed by that step: the load overwrites it, and its new owner holds it
+        until it leaves again, when it is ordered zeroed like any block that leaves
+        an owner (no one else can get it before). The owners whose orders are taken
+        back are kept, so that next order's step completes their zeroing too.
+
+        Returns:
+            The ids whose orders were taken back (those not pending are left).
+        """
+        want = set(block_ids)
+        if not want or not self.kvgov_zero:
+            return []
+        keep_ids: list[int] = []
+        keep_owners: list[Any] = []
+        taken: list[int] = []
+        for i, owner in zip(self.kvgov_zero, self.kvgov_zero_owners, strict=True):
+            if i in want:
+                self.kvgov_deferred.setdefault(i, []).append(owner)
+                taken.append(i)
+            else:
+                keep_ids.append(i)
+                keep_owners.append(owner)
+        if taken:
+            self.kvgov_zero, self.kvgov_zero_owners = keep_ids, keep_owners
+        return list(dict.fromkeys(taken))
 
     # ------------------------------------------------------------------ post-passes
 

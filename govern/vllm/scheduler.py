@@ -158,11 +158,11 @@ class GovernedSchedulerMixin(fence.SchedulerOverrides):
         binding = self.kvgov
         if binding is None:
             return super().kvgov_block_ids_to_zero()
-        # what the forced flag makes vLLM record (every new block; the manager's adopt
-        # turned the record off): not needed, every block that left an owner was ordered
-        # zeroed already (docs/vllm.md, "Cost")
-        self.kv_cache_manager.take_new_block_ids()
-        return binding.zero_orders()
+        # vLLM's own record of new blocks: kept only where vLLM's cache needs zeroing itself
+        # (mixed precision: a block reused across groups must read zero under the other
+        # precision); otherwise the manager's adopt turned it off, as every block that left
+        # an owner was ordered zeroed already (docs/vllm.md, "Cost")
+        return binding.zero_orders(self.kv_cache_manager.take_new_block_ids())
 
     def has_requests(self) -> bool:
         if super().has_requests():  # type: ignore[misc]

@@ -78,3 +78,15 @@ class AsyncLoader(_Scheduler):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
         return True, None
+
+
+class AsyncLoaderForLoads(AsyncLoader):
+    """:class:`AsyncLoader` for requests whose id starts with ``load`` only; others find nothing."""
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        if not request.request_id.startswith("load"):
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        return request.request_id.startswith("load"), None

@@ -175,3 +175,63 @@ def test_blocks_an_async_load_fills_are_not_zeroed_before_the_load_ends(vllm: An
         zeroed |= set(so.new_block_ids_to_zero or ())
         sched.update_from_output(so, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
     assert loading <= zeroed
+
+
+def test_a_block_freed_and_handed_to_an_async_load_is_zeroed_at_its_next_release(
+    vllm: Any,
+) -> None:
+    """Freed by A and handed to B's async load in one step: not zeroed with the load, later.
+
+    vLLM keeps the blocks an async load fills out of that step's zeroing (the zeroing
+    would race the host-submitted read). Such a block that just left its owner is zeroed
+    when it leaves its new owner, before anyone else gets it, and that step's "done"
+    covers A's order too.
+    """
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    loader = MODULE + ".AsyncLoaderForLoads"
+    sched = vllm.scheduler(
+        num_blocks=8,
+        kv_transfer_config=_transfer("AsyncLoaderForLoads"),
+        kvgov={"connector_kinds": {loader: "block_hashes"}},
+    )
+    worker = vllm.worker(sched)
+    vllm.run(sched, vllm.request("a1", PROMPT[:80], tenant="A"))  # its 5 full blocks cached
+    written_by_a = {b for b, who in enumerate(worker.content) if who == "a1"}
+    assert len(written_by_a) >= 5
+
+    sched.add_request(vllm.request("load1", PROMPT[:96], tenant="B"))  # an 80-token async load
+    so = sched.schedule()
+    loading = set(sched.kv_cache_manager.get_block_ids("load1")[0])
+    reused = loading & written_by_a
+    assert len(loading) == 5 and reused  # A's blocks, evicted or freed, now filled by the load
+    assert not loading & set(so.new_block_ids_to_zero or ())
+    for b in loading:  # the load writes them; the step's zeroing must not wipe that
+        worker.content[b] = "load1"
+    worker.apply(so)
+    assert all(worker.content[b] == "load1" for b in loading)
+    sched.update_from_output(so, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+
+    sched.finish_requests("load1", RequestStatus.FINISHED_ABORTED)  # released: zeroed now
+    done = KVConnectorOutput(finished_recving={"load1"})
+    so = sched.schedule()
+    worker.apply(so)
+    sched.update_from_output(
+        so, ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=done)
+    )
+    zeroed: set[int] = set()
+    while sched.has_requests():
+        so, _ = vllm.step(sched)
+        zeroed |= set(so.new_block_ids_to_zero or ())
+    assert loading <= zeroed
+    assert all(worker.content[b] is None for b in loading)
+    vllm.run(sched, vllm.request("c1", PROMPT[:96], tenant="C"))  # reuses them: all zero
+    assert not worker.violations
+    done_a = {
+        b
+        for e in vllm.events(sched, type="zeroization")
+        if e.tenant == "A" and e.details["state"] == "done"
+        for b in e.block_ids
+    }
+    assert reused <= done_a

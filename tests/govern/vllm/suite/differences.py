@@ -6,9 +6,10 @@ the text its governed failure must contain, and the reason. One kind is left:
 the test looks the cache up with a *probe* request built outside the scheduler:
   never admitted, it carries vLLM's unscoped sha256 hashes and finds nothing keyed
   in a tenant's namespace. That is the isolation working.
-And one refusal: the test builds a scheduler over a Mamba state group, which kvgov
+And two refusals: the test builds a scheduler over a Mamba state group, which kvgov
   refuses at start with ``UnsupportedEngine`` (docs/vllm.md, "KV layouts: governed and
-  refused": vLLM's worker zeroer clears attention layers only).
+  refused": vLLM's worker zeroer clears attention layers only); or it starts vLLM's
+  ``DecodeBenchConnector``, refused by name (it fills KV with synthetic data).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ __all__ = ["DIFFERENCES", "Difference"]
 
 PROBE = "assert 0 =="
 MAMBA = "kvgov cannot govern a Mamba state group"
+DECODE_BENCH = "kvgov cannot govern the KV connector"
 
 _REASONS = {
     PROBE: "probes the cache with a request that was never admitted: unscoped keys find nothing",
     MAMBA: "builds a Mamba state group, which kvgov refuses at start (its worker zeroer "
     "clears attention layers only)",
+    DECODE_BENCH: "starts DecodeBenchConnector, which kvgov refuses by name (it fills KV "
+    "with synthetic data)",
 }
 
 
@@ -50,6 +54,7 @@ def _d(test: str, *fails_with: str) -> Difference:
 
 
 P = "test_prefix_caching.py::"
+R = "test_prefix_replay.py::"
 S = "test_scheduler.py::"
 
 DIFFERENCES: tuple[Difference, ...] = (
@@ -60,4 +65,5 @@ DIFFERENCES: tuple[Difference, ...] = (
     _d(S + "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs", MAMBA),
     _d(S + "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy", MAMBA),
     _d(S + "test_hybrid_per_group_hit_divergence_with_connector", MAMBA),
+    _d(R + "test_decode_bench_fill_does_not_replay", DECODE_BENCH),
 )
