@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import vllm
+from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 from vllm.v1.engine import EngineCoreOutput, FinishReason
 
@@ -106,6 +107,20 @@ def _minor(version: str) -> tuple[int, ...]:
         digits = "".join(c for c in piece if c.isdigit())
         parts.append(int(digits) if digits else -1)
     return tuple(parts)
+
+
+def capped_lookup(manager: Any, request: Any, cap: int) -> Any:
+    """vLLM's own prefix lookup of ``request`` capped at ``cap`` tokens, as vLLM's
+    ``KVCacheManager.get_computed_blocks`` returns it (a governed manager's override is
+    bypassed: its caller judges the result). 0.33's method takes the cap
+    (``max_cache_hit_length``); 0.32's does not, so there the coordinator's capped
+    lookup is the result, with no sparse-retention junction pinned (0)."""
+    if _minor(VLLM_VERSION) >= (0, 33):
+        return KVCacheManager.get_computed_blocks(manager, request, cap)
+    blocks, tokens, _uncached = manager.coordinator.find_longest_cache_hit(
+        request.block_hashes, cap
+    )
+    return manager.create_kv_cache_blocks(blocks), tokens, 0
 
 
 def check_version(version: str = VLLM_VERSION) -> None:

@@ -51,7 +51,10 @@ class GovernedKVCacheManager(KVCacheManager):
         return governed
 
     def get_computed_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        result = super().get_computed_blocks(request, *args, **kwargs)
+        return self._kvgov_judged(request, super().get_computed_blocks(request, *args, **kwargs))
+
+    def _kvgov_judged(self, request: Any, result: Any) -> Any:
+        """vLLM's lookup result, cut where the sharing policy refuses a block."""
         binding = self.kvgov
         if binding is None or not result[1]:
             return result
@@ -66,7 +69,7 @@ class GovernedKVCacheManager(KVCacheManager):
         # a shorter hit needs other blocks; look again, capped where the policy cut
         # (every group then ends there; what it finds is judged again, and the hit only
         # shrinks, so this ends).
-        return self.get_computed_blocks(request, keep)
+        return self._kvgov_judged(request, fence.capped_lookup(self, request, keep))
 
     def allocate_slots(
         self,

@@ -85,6 +85,8 @@ def test_lookahead_hashing_keys_the_tokens_after_each_block(
     continues it the same way (and never by another tenant)."""
     from kvgov.govern.vllm import fence
 
+    if fence.VLLM_VERSION.startswith("0.32."):
+        pytest.skip("vLLM 0.32 hashes no lookahead tokens (num_hash_lookahead_tokens is 0.33's)")
     monkeypatch.setattr(fence, "hash_lookahead_tokens", lambda config: 1)
     sched = vllm.scheduler()
     assert sched.kvgov.lookahead == 1
