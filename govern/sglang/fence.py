@@ -19,26 +19,13 @@ Needs SGLang only when an accessor runs (the registry reads without it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from kvgov.exceptions import UnsupportedEngine
 
-__all__ = ["TOUCHED", "Touch", "govern_allocator"]
+from ..touch import Touch
 
-
-class Touch(NamedTuple):
-    """One name of SGLang's that kvgov touches (a row of docs/sglang.md's table)."""
-
-    #: ``Class.name`` in SGLang (or ``Class`` for a re-class).
-    name: str
-    #: private method (call), override, re-class.
-    kind: str
-    #: The SGLang module that defines it.
-    where: str
-    #: Why kvgov needs it.
-    why: str
-    #: What changes by version.
-    versions: str
+__all__ = ["TOUCHED", "govern_allocator"]
 
 
 _TESTED = "tested on 0.5.23"

@@ -39,7 +39,7 @@ minor is refused at start (:func:`check_version`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import vllm
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -47,6 +47,8 @@ from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 from vllm.v1.engine import EngineCoreOutput, FinishReason
 
 from kvgov.exceptions import UnsupportedEngine
+
+from ..touch import Touch
 
 if TYPE_CHECKING:
     from .request_state import RequestGovernance
@@ -57,7 +59,6 @@ __all__ = [
     "TOUCHED",
     "VLLM_VERSION",
     "SchedulerOverrides",
-    "Touch",
     "add_engine_call",
     "block_extra_keys",
     "block_hash",
@@ -190,22 +191,6 @@ def error_output(request: Any, message: str) -> EngineCoreOutput:
 
 
 # ---------------------------------------------------------------------- the registry
-
-
-class Touch(NamedTuple):
-    """One name of vLLM's that kvgov touches (a row of docs/vllm.md's table)."""
-
-    #: ``Class.name`` in vLLM (or ``Class`` for a re-class).
-    name: str
-    #: private attribute, internal attribute, private method, override, re-class,
-    #: patch, or kvgov attribute (kvgov's own name kept on a vLLM object).
-    kind: str
-    #: The vLLM module that defines it.
-    where: str
-    #: Why kvgov needs it.
-    why: str
-    #: What changes by version.
-    versions: str
 
 
 _SAME = "same in 0.32 and 0.33"
