@@ -29,12 +29,12 @@ whose scope comes from the defaults too. This module needs no engine.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, MAX_SCOPES, UNVERSIONED
-from kvgov.exceptions import InvalidScope, ScopeTokenError
+from kvgov.exceptions import BindingConfigError, InvalidScope, ScopeTokenError
 
 from .scope import CacheScope, check_scope_field
 from .scope_token import ScopeTokenVerifier
@@ -128,6 +128,33 @@ class ScopeResolver:
         self._engine = engine
         self._verifier = verifier
         self._scopes: dict[tuple[object, ...], CacheScope] = {}
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: BindingSettings,
+        engine: EngineScope,
+        environ: Mapping[str, str],
+        clock: Callable[[], float],
+    ) -> ScopeResolver:
+        """The resolver a binding opens with: its scope-token verifier, if a key is set.
+
+        Raises:
+            BindingConfigError: ``require_scope_token`` is on and no scope-token key is set.
+        """
+        key = settings.scope_token_key(environ)
+        if settings.require_scope_token and key is None:
+            raise BindingConfigError(
+                "require_scope_token",
+                True,
+                "needs the scope-token key: set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file",
+            )
+        verifier = (
+            None
+            if key is None
+            else ScopeTokenVerifier(key, max_ttl=settings.scope_token_max_ttl, clock=clock)
+        )
+        return cls(settings, engine, verifier)
 
     def resolve(self, extra_args: Mapping[str, object] | None, adapter: object) -> CacheScope:
         """The scope of one request.

@@ -35,7 +35,6 @@ from kvgov.allocator import (
 from kvgov.audit import AuditEvent, EventType
 from kvgov.exceptions import (
     AuditUnavailable,
-    BindingConfigError,
     InternalError,
     InvalidArgument,
     InvalidScope,
@@ -55,7 +54,6 @@ from ..refusal import describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
-from ..scope_token import ScopeTokenVerifier
 from ..vllm.settings import BindingSettings
 from .keys import NAMESPACE_PREFIX, tree_namespace
 
@@ -364,17 +362,7 @@ class SglangGovernance:
             KeySecretError, PolicyLoadError, AuditSchemaError: as for the vLLM binding.
         """
         settings = BindingSettings.load(None, environ)
-        key = settings.scope_token_key(environ)
-        if settings.require_scope_token and key is None:
-            raise BindingConfigError(
-                "require_scope_token", True, "needs the scope-token key: set KVGOV_SCOPE_TOKEN_KEY"
-            )
-        verifier = (
-            None
-            if key is None
-            else ScopeTokenVerifier(key, max_ttl=settings.scope_token_max_ttl, clock=clock)
-        )
-        resolver = ScopeResolver(settings, engine, verifier)
+        resolver = ScopeResolver.from_settings(settings, engine, environ, clock)
         zeroer = PageZeroer(buffers, page_size)
         parts = open_parts(
             policy_dir=settings.policy_dir,

@@ -40,7 +40,6 @@ from kvgov.audit import AuditEvent, EventType
 from kvgov.defaults import ZEROIZATION_DONE_FLUSH_SECONDS
 from kvgov.exceptions import (
     AuditUnavailable,
-    BindingConfigError,
     InvalidArgument,
     InvalidScope,
     PolicyDenied,
@@ -55,7 +54,6 @@ from ..governor import Governor
 from ..refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
-from ..scope_token import ScopeTokenVerifier
 from ..stats import CacheStats
 from . import fence
 from .groups import hit_positions
@@ -126,20 +124,8 @@ class VllmGovernance:
             AuditSchemaError: the audit database needs ``kvgov db upgrade``.
         """
         settings = BindingSettings.load(getattr(vllm_config, "additional_config", None), environ)
-        key = settings.scope_token_key(environ)
-        if settings.require_scope_token and key is None:
-            raise BindingConfigError(
-                "require_scope_token",
-                True,
-                "needs the scope-token key: set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file",
-            )
-        verifier = (
-            None
-            if key is None
-            else ScopeTokenVerifier(key, max_ttl=settings.scope_token_max_ttl, clock=clock)
-        )
-        resolver = ScopeResolver(
-            settings, engine_scope(vllm_config.model_config, settings), verifier
+        resolver = ScopeResolver.from_settings(
+            settings, engine_scope(vllm_config.model_config, settings), environ, clock
         )
         parts = open_parts(
             policy_dir=settings.policy_dir,
