@@ -19,6 +19,8 @@ for tests and experts). Tier URLs:
 ``redis://[user:pw@]HOST:PORT/DB?capacity=SIZE``   a Redis shared by the fleet (``rediss://``
 ``[&name=redis][&prefix=kvgov:offload]``           for TLS); other query parameters go to
 ``[&timeout=0.5]``                                 redis-py as they are
+``redis+cluster://[user:pw@]HOST:PORT/0?...``      the same on a Redis Cluster (one seed
+                                                   node; ``rediss+cluster://`` for TLS)
 =================================================  ======================================
 
 ``SIZE`` is bytes or a number with a unit (``512MiB``, ``8GiB``, ``1.5GB``; see
@@ -129,7 +131,7 @@ def parse_tier_url(url: str) -> Tier:
             name=options.pop("name", "disk"),
             fsync=_flag("fsync", options.pop("fsync", "1")),
         )
-    elif scheme in ("redis", "rediss"):
+    elif scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         name = options.pop("name", "redis")
         prefix = options.pop("prefix", defaults.REDIS_KEY_PREFIX)
         timeout = _seconds(options.pop("timeout", str(defaults.REDIS_TIMEOUT_SECONDS)))
@@ -138,7 +140,10 @@ def parse_tier_url(url: str) -> Tier:
         tier = RedisTier(rest, capacity, name=name, prefix=prefix, timeout=timeout)
     else:
         raise InvalidArgument(
-            "tier", redact_url(url), "the scheme must be host://, disk://, redis:// or rediss://"
+            "tier",
+            redact_url(url),
+            "the scheme must be host://, disk://, redis://, rediss://, redis+cluster:// "
+            "or rediss+cluster://",
         )
     if options:
         raise InvalidArgument("tier", redact_url(url), f"unknown option(s) {sorted(options)}")

@@ -1,7 +1,9 @@
 """The shared Redis tier: sealed blocks a fleet of workers reads, LRU within a byte capacity.
 
 Keys, for a tier named N under prefix P (default ``kvgov:offload``); the braces make
-all of a tier's keys one Redis Cluster hash slot, so the Lua scripts stay atomic::
+all of a tier's keys one Redis Cluster hash slot, so the Lua scripts stay atomic and run
+on the one node that owns the slot (neither P nor N may hold a brace, which would move
+the hash tag)::
 
     P:{N}:o:<block key hex>   the encoded object (kvgov.offload.objects), PX = time to deadline
     P:{N}:m                   hash  block key hex -> "nbytes|deadline_us|tenant hex|scope hex"
@@ -12,7 +14,10 @@ all of a tier's keys one Redis Cluster hash slot, so the Lua scripts stay atomic
     P:{N}:tick                int   the access tick (shared, so LRU spans all workers)
 
 Every write goes through one Lua script (put with eviction, get with touch, delete,
-delete by tenant), so concurrent workers never see or leave half an update. Redis
+delete by tenant), so concurrent workers never see or leave half an update. Every
+command names keys of the tier's slot only (no multi-slot command, no scan across
+nodes), so the tier runs on one server or on Redis Cluster alike
+(:mod:`kvgov.offload.redis_client` picks the client from the URL). Redis
 expires an object itself at its deadline; its index entries are removed by the next
 ``get``, eviction or ``list_expired`` sweep that meets them.
 
@@ -27,15 +32,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from kvgov.defaults import REDIS_KEY_PREFIX, REDIS_TIMEOUT_SECONDS
-from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable
-from kvgov.secrecy import redact_url
+from kvgov.exceptions import InvalidOffloadArgument
 
 from .objects import ObjectInfo, SealedBlock, decode, encode
+from .redis_client import LuaScript, RedisClient, RedisConnection
 from .tier import TierUsage, check_capacity, check_tier_name
 
 __all__ = ["RedisTier"]
@@ -141,7 +142,9 @@ class RedisTier:
     then skips the tier for a while. Nothing here retries beyond one reconnect.
 
     Args:
-        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` or ``unix://...``.
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` or ``unix://...``
+            for one server; ``redis+cluster://[user:password@]host:port`` or
+            ``rediss+cluster://...`` for a Redis Cluster (one seed node).
         capacity_bytes: most bytes the tier holds, for all workers together.
         name: the tier's name, bound into every object's AAD: every worker sharing the
             tier must use the same name (and prefix).
@@ -149,7 +152,9 @@ class RedisTier:
         timeout: seconds to connect and to wait for each reply.
 
     Raises:
-        InvalidOffloadArgument: a bad URL, capacity or name.
+        InvalidOffloadArgument: a bad URL, capacity, name or prefix (a brace in either),
+            or a reachable server that does not match the URL (a cluster node behind a
+            one-server URL, or the other way round; see :mod:`~kvgov.offload.redis_client`).
     """
 
     def __init__(
@@ -163,21 +168,17 @@ class RedisTier:
     ) -> None:
         self._name = check_tier_name(name)
         self._capacity = check_capacity(capacity_bytes)
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidOffloadArgument(
-                "url", redact_url(url), "must be a redis://, rediss:// or unix:// URL"
-            )
+        for what, value in (("name", name), ("prefix", prefix)):
+            if not isinstance(value, str) or "{" in value or "}" in value:
+                raise InvalidOffloadArgument(
+                    what, value, "no braces: the tier's own {name} is its Redis Cluster hash tag"
+                )
         self._prefix = f"{prefix}:{{{name}}}"
-        self._client: redis.Redis = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-        )
-        self._put = self._client.register_script(_PUT)
-        self._get = self._client.register_script(_GET)
-        self._delete = self._client.register_script(_DELETE)
-        self._delete_tenant = self._client.register_script(_DELETE_TENANT)
+        self._redis = RedisConnection(url, tier=self._name, timeout=timeout)
+        self._put = LuaScript.of(_PUT)
+        self._get = LuaScript.of(_GET)
+        self._delete = LuaScript.of(_DELETE)
+        self._delete_tenant = LuaScript.of(_DELETE_TENANT)
 
     def __repr__(self) -> str:
         return f"RedisTier(name={self._name!r}, prefix={self._prefix!r})"
@@ -201,11 +202,11 @@ class RedisTier:
         """The Redis key holding the object for ``block_key``."""
         return f"{self._prefix}:o:{block_key.hex()}"
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except redis.RedisError as exc:
-            raise TierUnavailable(self._name, f"{what}: {type(exc).__name__}: {exc}") from None
+    def _call(self, what: str, fn: Callable[[RedisClient], Any]) -> Any:
+        return self._redis.run(what, fn)
+
+    def _script(self, what: str, script: LuaScript, args: list[Any]) -> Any:
+        return self._call(what, lambda c: script.run(c, [self._prefix], args))
 
     def put(self, obj: SealedBlock, now_us: int) -> list[ObjectInfo]:
         """Store ``obj`` with a TTL to its deadline, evicting LRU objects (of any worker).
@@ -234,7 +235,7 @@ class RedisTier:
             obj.deadline_us,
             tenant_hex,
         ]
-        evicted = self._call("put", lambda: self._put(keys=[self._prefix], args=args))
+        evicted = self._script("put", self._put, args)
         return [_info_with_member(e) for e in evicted]
 
     def get(self, block_key: bytes) -> SealedBlock | None:
@@ -244,7 +245,7 @@ class RedisTier:
             ObjectCorrupt: the stored value does not parse.
             TierUnavailable: Redis cannot be reached.
         """
-        blob = self._call("get", lambda: self._get(keys=[self._prefix], args=[block_key.hex()]))
+        blob = self._script("get", self._get, [block_key.hex()])
         if blob is None:
             return None
         return decode(blob, tier=self._name, block_key=block_key)
@@ -256,8 +257,8 @@ class RedisTier:
             TierUnavailable: Redis cannot be reached.
         """
 
-        def read() -> list[Any]:
-            pipe = self._client.pipeline(transaction=False)
+        def read(client: RedisClient) -> list[Any]:
+            pipe = client.pipeline(transaction=False)  # one slot: one node, one round trip
             for key in block_keys:
                 pipe.exists(self.object_key(key))
             return pipe.execute()
@@ -269,20 +270,17 @@ class RedisTier:
     def delete(self, block_key: bytes) -> ObjectInfo | None:
         """Delete the object for ``block_key``; returns its info, or None."""
         member = block_key.hex()
-        meta = self._call("delete", lambda: self._delete(keys=[self._prefix], args=[member]))
+        meta = self._script("delete", self._delete, [member])
         return None if meta is None else _info(meta, member.encode("ascii"))
 
     def delete_by_tenant(self, tenant: str) -> list[ObjectInfo]:
         """Delete every object of ``tenant`` (one atomic script)."""
         tenant_hex = tenant.encode("utf-8").hex()
-        out = self._call(
-            "delete_by_tenant",
-            lambda: self._delete_tenant(keys=[self._prefix], args=[tenant_hex]),
-        )
+        out = self._script("delete_by_tenant", self._delete_tenant, [tenant_hex])
         return [_info_with_member(e) for e in out]
 
     def _all_infos(self) -> list[ObjectInfo]:
-        items = self._call("scan", lambda: list(self._client.hscan_iter(f"{self._prefix}:m")))
+        items = self._call("scan", lambda c: list(c.hscan_iter(f"{self._prefix}:m")))
         return [_info(meta, member) for member, meta in items]
 
     def delete_where(self, predicate: Callable[[ObjectInfo], bool]) -> list[ObjectInfo]:
@@ -297,18 +295,18 @@ class RedisTier:
         """Objects whose deadline is at or before ``now_us`` (Redis may have expired them)."""
         members = self._call(
             "list_expired",
-            lambda: self._client.zrangebyscore(f"{self._prefix}:dl", "-inf", now_us),
+            lambda c: c.zrangebyscore(f"{self._prefix}:dl", "-inf", now_us),
         )
         if not members:
             return []
-        metas = self._call("list_expired", lambda: self._client.hmget(f"{self._prefix}:m", members))
+        metas = self._call("list_expired", lambda c: c.hmget(f"{self._prefix}:m", members))
         return [_info(meta, m) for m, meta in zip(members, metas, strict=True) if meta is not None]
 
     def usage(self) -> TierUsage:
         """Bytes and objects held, by every worker."""
 
-        def read() -> list[Any]:
-            pipe = self._client.pipeline(transaction=False)
+        def read(client: RedisClient) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
             pipe.get(f"{self._prefix}:bytes")
             pipe.hlen(f"{self._prefix}:m")
             return pipe.execute()
@@ -318,4 +316,4 @@ class RedisTier:
 
     def close(self) -> None:
         """Close this worker's connections; the shared objects stay for the others."""
-        self._client.close()
+        self._redis.close()

@@ -11,7 +11,7 @@ from kvgov.offload import MissReason, OffloadStore, Tier
 from tests.support.clock import START, FakeClock
 from tests.support.offload import MemoryKeyStore, Raw
 
-from .conftest import KEK, TIER_KINDS
+from .conftest import KEK, REDIS_KINDS, TIER_KINDS
 
 SCOPE = b"S" * 32
 KEYS = [bytes([i]) * 32 for i in range(1, 4)]
@@ -21,7 +21,7 @@ KEYS = [bytes([i]) * 32 for i in range(1, 4)]
 def every_tier(
     make_tier: Callable[..., Tier], make_store: Callable[..., OffloadStore]
 ) -> OffloadStore:
-    """A store over host, disk and Redis tiers, with three acme blocks and one beta block."""
+    """A store over host, disk, Redis and Redis Cluster tiers: three acme blocks, one beta."""
     store = make_store([make_tier(kind) for kind in TIER_KINDS])
     for k in KEYS:
         store.offload(k, SCOPE, "acme", START + 600, b"acme KV " * 128)
@@ -40,7 +40,7 @@ def test_shred_names_the_destroyed_key_and_deletes_everywhere(every_tier: Offloa
     key_id = every_tier.offload(b"x" * 32, SCOPE, "acme", START + 600, b"x").key_id
     report = every_tier.shred("acme")
     assert report.destroyed_key_ids == (key_id,) and report.unreachable == ()
-    assert report.deleted == {"host": 4, "disk": 4, "redis": 4}
+    assert report.deleted == {kind: 4 for kind in TIER_KINDS}
     for k in KEYS:
         assert every_tier.restore(k, SCOPE, "acme").reason is MissReason.ABSENT  # type: ignore[union-attr]
     assert every_tier.restore(b"b" * 32, SCOPE, "beta").hit
@@ -56,32 +56,36 @@ def test_copies_left_in_every_tier_fail_to_decrypt_after_shred(
     for k in KEYS:
         miss = every_tier.restore(k, SCOPE, "acme")
         assert not miss.hit and miss.reason is MissReason.KEY_DESTROYED
-        assert [r.tier for r in miss.refusals] == ["host", "disk", "redis"]
+        assert [r.tier for r in miss.refusals] == list(TIER_KINDS)
     for name in every_tier.tier_names:
         assert every_tier.stats().tiers[name].refusals == {"key_destroyed": 3}
     assert every_tier.restore(b"b" * 32, SCOPE, "beta").hit
 
 
+@pytest.mark.parametrize("kind", REDIS_KINDS)
 def test_raw_copies_put_back_after_shred_fail_to_decrypt(
+    kind: str,
     every_tier: OffloadStore,
     make_tier: Callable[..., Tier],
     make_store: Callable[..., OffloadStore],
     clock: FakeClock,
 ) -> None:
     """Bytes copied out of the shared tier before the shred (a backup) are refused after it."""
-    redis_tier = every_tier._states["redis"].tier
+    redis_tier = every_tier._states[kind].tier
     backup = {k: Raw(redis_tier).read(k) for k in KEYS}
     every_tier.shred("acme")
     for k, data in backup.items():
         Raw(redis_tier).write(k, data)
     # a worker that never held the key, with the KEK and the key store, cannot open them
-    fresh = make_store([make_tier("redis", prefix=redis_tier.prefix.split(":{")[0])])
+    fresh = make_store([make_tier(kind, prefix=redis_tier.prefix.split(":{")[0])])
     for k in KEYS:
         miss = fresh.restore(k, SCOPE, "acme")
         assert not miss.hit and miss.reason is MissReason.KEY_DESTROYED
 
 
+@pytest.mark.parametrize("kind", REDIS_KINDS)
 def test_a_worker_holding_the_key_stops_within_the_recheck_window(
+    kind: str,
     every_tier: OffloadStore,
     make_tier: Callable[..., Tier],
     make_store: Callable[..., OffloadStore],
@@ -89,9 +93,9 @@ def test_a_worker_holding_the_key_stops_within_the_recheck_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Worker B, which had unwrapped acme's key, refuses leftovers once its recheck is due."""
-    redis_tier = every_tier._states["redis"].tier
+    redis_tier = every_tier._states[kind].tier
     prefix = redis_tier.prefix.split(":{")[0]
-    b = make_store([make_tier("redis", prefix=prefix)], key_recheck_seconds=2)
+    b = make_store([make_tier(kind, prefix=prefix)], key_recheck_seconds=2)
     assert b.restore(KEYS[0], SCOPE, "acme").hit  # B now holds acme's key
     _leave_objects_in_place(every_tier, monkeypatch)
     every_tier.shred("acme")

@@ -20,7 +20,7 @@ from kvgov.offload.objects import HEADER_BYTES, encode
 from tests.support.clock import START, FakeClock
 from tests.support.offload import Raw
 
-from .conftest import TIER_KINDS
+from .conftest import REDIS_KINDS, TIER_KINDS
 
 K1, K2 = b"1" * 32, b"2" * 32
 SCOPE = b"S" * 32
@@ -72,7 +72,7 @@ def test_a_truncated_object_is_refused(store: OffloadStore) -> None:
     assert not miss.hit and miss.reason in {MissReason.CORRUPT, MissReason.TAMPERED}
 
 
-@pytest.mark.parametrize("kind", ["disk", "redis"])
+@pytest.mark.parametrize("kind", ["disk", *REDIS_KINDS])
 def test_garbage_is_refused(
     kind: str, make_tier: Callable[..., Tier], make_store: Callable[..., OffloadStore]
 ) -> None:

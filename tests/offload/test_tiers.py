@@ -7,13 +7,11 @@ import stat
 from collections.abc import Callable
 
 import pytest
-import redis
 
 from kvgov.exceptions import InvalidOffloadArgument
 from kvgov.offload import DiskTier, HostMemoryTier, ObjectInfo, RedisTier, SealedBlock, Tier
-from tests.support.redis import SHARED_REDIS
 
-from .conftest import TIER_KINDS
+from .conftest import REDIS_KINDS, TIER_KINDS
 
 NOW_US = 1_700_000_000_000_000
 
@@ -187,21 +185,27 @@ def test_local_tiers_keep_their_accounting(make_tier: Callable[..., Tier]) -> No
         tier._check_invariants()  # type: ignore[attr-defined]
 
 
-def test_redis_entries_carry_a_ttl_to_their_deadline(make_tier: Callable[..., Tier]) -> None:
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+def test_redis_entries_carry_a_ttl_to_their_deadline(
+    kind: str, make_tier: Callable[..., Tier]
+) -> None:
     """Redis expires an object at its deadline by itself (PX from the deadline)."""
-    tier = make_tier("redis")
+    tier = make_tier(kind)
     assert isinstance(tier, RedisTier)
     tier.put(obj(1, deadline_us=NOW_US + 30_000_000), NOW_US)
-    pttl = redis.Redis.from_url(SHARED_REDIS).pttl(tier.object_key((1).to_bytes(32, "big")))
+    pttl = tier._redis.client().pttl(tier.object_key((1).to_bytes(32, "big")))
     assert 29_000 < pttl <= 30_000
 
 
-def test_redis_index_heals_after_redis_expires_an_object(make_tier: Callable[..., Tier]) -> None:
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+def test_redis_index_heals_after_redis_expires_an_object(
+    kind: str, make_tier: Callable[..., Tier]
+) -> None:
     """An object Redis expired is a miss, and its index entries and bytes are released."""
-    tier = make_tier("redis")
+    tier = make_tier(kind)
     assert isinstance(tier, RedisTier)
     tier.put(obj(1), NOW_US)
-    redis.Redis.from_url(SHARED_REDIS).delete(tier.object_key((1).to_bytes(32, "big")))
+    tier._redis.client().delete(tier.object_key((1).to_bytes(32, "big")))
     assert tier.get((1).to_bytes(32, "big")) is None
     assert tier.usage().stored_bytes == 0 and tier.usage().stored_blocks == 0
 

@@ -15,32 +15,36 @@ from kvgov.audit import SqlWrappedKeyStore
 from kvgov.offload import MissReason, OffloadStore, Tier
 from tests.support.clock import START, FakeClock
 
-from .conftest import KEK
+from .conftest import KEK, REDIS_KINDS
 
 SCOPE, OTHER = b"S" * 32, b"T" * 32
 KV = b"worker A's KV " * 100
 
 
 def _workers(
-    url: str, make_tier: Callable[..., Tier], redis_prefix: str, clock: FakeClock
+    url: str, make_tier: Callable[..., Tier], kind: str, clock: FakeClock
 ) -> Iterator[tuple[OffloadStore, OffloadStore]]:
     stores, keys = [], []
     for _ in "AB":
         ks = SqlWrappedKeyStore(url, auto_upgrade=True)
         keys.append(ks)
-        tiers = [make_tier("host"), make_tier("redis", prefix=redis_prefix)]
+        tiers = [make_tier("host"), make_tier(kind)]  # the test's one prefix: one tier
         stores.append(OffloadStore(tiers, ks, KEK, clock=clock))
     yield stores[0], stores[1]
     for ks in keys:
         ks.close()
 
 
-@pytest.fixture()
+@pytest.fixture(params=REDIS_KINDS)
 def workers(
-    sqlite_url: str, make_tier: Callable[..., Tier], redis_prefix: str, clock: FakeClock
+    request: pytest.FixtureRequest,
+    sqlite_url: str,
+    make_tier: Callable[..., Tier],
+    clock: FakeClock,
 ) -> Iterator[tuple[OffloadStore, OffloadStore]]:
-    """Workers A and B: each its own host tier, key-store connection and ring; one Redis."""
-    yield from _workers(sqlite_url, make_tier, redis_prefix, clock)
+    """Workers A and B: each its own host tier, key-store connection and ring; one Redis
+    (a server, then a cluster)."""
+    yield from _workers(sqlite_url, make_tier, request.param, clock)
 
 
 def test_b_restores_what_a_offloaded_for_the_same_scope(
@@ -50,7 +54,7 @@ def test_b_restores_what_a_offloaded_for_the_same_scope(
     a, b = workers
     key_id = a.offload(b"k" * 32, SCOPE, "acme", START + 60, KV).key_id
     hit = b.restore(b"k" * 32, SCOPE, "acme")
-    assert hit.hit and hit.tier == "redis" and hit.payload == KV and hit.key_id == key_id
+    assert hit.hit and hit.tier == b.tier_names[1] and hit.payload == KV and hit.key_id == key_id
 
 
 @pytest.mark.parametrize(
@@ -86,17 +90,17 @@ def test_a_shred_on_one_worker_reaches_the_others_copies(
     a.offload(b"k" * 32, SCOPE, "acme", START + 60, KV)
     assert b.restore(b"k" * 32, SCOPE, "acme").hit
     report = a.shred("acme")
-    assert report.deleted["redis"] == 1
+    assert report.deleted[a.tier_names[1]] == 1
     clock.advance(10)  # past B's key recheck
     assert not b.restore(b"k" * 32, SCOPE, "acme").hit
 
 
 @pytest.mark.postgres
 def test_workers_share_keys_through_postgresql(
-    pg_url: str, make_tier: Callable[..., Tier], redis_prefix: str, clock: FakeClock
+    pg_url: str, make_tier: Callable[..., Tier], clock: FakeClock
 ) -> None:
     """With the key store on PostgreSQL, B restores A's block, for its scope only."""
-    gen = _workers(pg_url, make_tier, redis_prefix, clock)
+    gen = _workers(pg_url, make_tier, "redis", clock)
     a, b = next(gen)
     try:
         a.offload(b"k" * 32, SCOPE, "acme", START + 60, KV)

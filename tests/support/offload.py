@@ -66,7 +66,7 @@ class Raw:
         if isinstance(self.tier, DiskTier):
             return self.tier.path_of(location).read_bytes()
         if isinstance(self.tier, RedisTier):
-            data = self.tier._client.get(self.tier.object_key(location))
+            data = self.tier._redis.client().get(self.tier.object_key(location))
             assert data is not None
             return bytes(data)
         obj = self.tier.get(location)
@@ -81,7 +81,7 @@ class Raw:
         if isinstance(self.tier, DiskTier):
             self.tier.path_of(location).write_bytes(data)
         elif isinstance(self.tier, RedisTier):
-            self.tier._client.set(self.tier.object_key(location), data)
+            self.tier._redis.client().set(self.tier.object_key(location), data)
         else:
             self.put_object(location, decode(data, tier="host", block_key=location))
 
