@@ -14,7 +14,13 @@ from kvgov.govern import CacheScope, GovernedKVCache, OffloadConfig
 from kvgov.govern.keys import pack_tokens
 from kvgov.offload import HostMemoryTier, LocalKEK, Tier
 from tests.support.clock import FakeClock
-from tests.support.redis import own_redis, redis_prefix  # noqa: F401 - shared fixtures
+from tests.support.redis import (  # noqa: F401 - shared fixtures
+    own_redis,
+    redis_cluster,
+    redis_cluster_prefix,
+    redis_prefix,
+    redis_target,
+)
 
 SECRET = b"k" * 32
 #: 4 tokens a block so tests reason in small numbers.

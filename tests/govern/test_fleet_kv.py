@@ -1,7 +1,8 @@
 """The fleet tier behind GovernedKVConnector, without vLLM: names, cost rule, sealed save/load.
 
-Real Redis (127.0.0.1:6379, a unique prefix per test) and two stores sharing it and one
-key store, as two engines of a fleet do.
+Real Redis, a unique prefix per test: the shared server (127.0.0.1:6379), then a private
+three-node Redis Cluster (tests/support/redis.py); two stores sharing it and one key
+store, as two engines of a fleet do.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import redis
 
 from kvgov.exceptions import BindingConfigError
 from kvgov.govern.fleet_kv import (
@@ -23,7 +23,7 @@ from kvgov.govern.keys import KeyDeriver
 from kvgov.govern.scope import CacheScope
 from kvgov.offload import LocalKEK, MissReason, PutOutcome, RedisTier
 from tests.support.offload import MemoryKeyStore
-from tests.support.redis import SHARED_REDIS
+from tests.support.redis import RedisTarget
 
 KEK = LocalKEK(b"k" * 32)
 NAMES = FleetNames(KeyDeriver(b"s" * 32))
@@ -45,15 +45,15 @@ def _scope(classification: str) -> CacheScope:
     )
 
 
-def _store(prefix: str, keys: MemoryKeyStore, url: str = SHARED_REDIS) -> FleetStore:
+def _store(prefix: str, keys: MemoryKeyStore, url: str) -> FleetStore:
     tier = RedisTier(url, 1 << 24, name="fleet", prefix=prefix, timeout=0.2)
     return FleetStore(tier, keys, KEK, key_recheck_s=0.0)
 
 
 @pytest.fixture()
-def fleet(redis_prefix: str) -> Any:
+def fleet(redis_target: RedisTarget) -> Any:
     keys = MemoryKeyStore()
-    one, two = _store(redis_prefix, keys), _store(redis_prefix, keys)
+    one, two = (_store(redis_target.prefix, keys, redis_target.url) for _ in "12")
     yield one, two
     one.store.close()
     two.store.close()
@@ -78,11 +78,11 @@ def test_a_block_saved_by_one_engine_loads_on_another_for_its_tenant_only(fleet:
     assert not other.hit and {r.reason for r in other.refusals} == {MissReason.MISBOUND}
 
 
-def test_the_redis_keys_and_values_name_no_tenant(fleet: Any, redis_prefix: str) -> None:
+def test_the_redis_keys_and_values_name_no_tenant(fleet: Any, redis_target: RedisTarget) -> None:
     one, _two = fleet
     one.save(b"k1", SCOPE, NAMES.tenant(TENANT), DEADLINE, PAYLOAD)
-    client = redis.Redis.from_url(SHARED_REDIS)
-    keys = list(client.scan_iter(match=f"{redis_prefix}:*"))
+    client = redis_target.client()
+    keys = list(client.scan_iter(match=f"{redis_target.prefix}:*"))  # a cluster: every node
     assert keys
     for key in keys:
         blob = (key or b"") + (client.dump(key) or b"")
@@ -120,11 +120,13 @@ def test_invalidate_deletes_the_matching_scopes_objects(fleet: Any) -> None:
     assert two.present([b"k1"]) == 0 and two.present([b"k2"]) == 1
 
 
-def test_an_object_cut_short_by_a_killed_server_is_refused(fleet: Any, redis_prefix: str) -> None:
+def test_an_object_cut_short_by_a_killed_server_is_refused(
+    fleet: Any, redis_target: RedisTarget
+) -> None:
     one, two = fleet
     tenant = NAMES.tenant(TENANT)
     one.save(b"k1", SCOPE, tenant, DEADLINE, PAYLOAD)
-    client = redis.Redis.from_url(SHARED_REDIS)
+    client = redis_target.client()
     key = one.tier.object_key(b"k1")
     client.set(key, (client.get(key) or b"")[:-100])
     got = two.load(b"k1", SCOPE, tenant)
@@ -142,8 +144,9 @@ def test_an_older_object_replayed_over_a_newer_one_is_refused(fleet: Any) -> Non
     assert not got.hit and {r.reason for r in got.refusals} == {MissReason.REPLAYED}
 
 
-def test_redis_down_is_a_miss_and_a_refused_save(redis_prefix: str) -> None:
-    down = _store(redis_prefix, MemoryKeyStore(), url="redis://127.0.0.1:1/0")
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "redis+cluster://127.0.0.1:1/0"])
+def test_redis_down_is_a_miss_and_a_refused_save(url: str) -> None:
+    down = _store("kvgov-test-down", MemoryKeyStore(), url)
     assert down.present([b"k1"]) is None
     assert down.present([b"k1"]) is None  # backing off: not asked again
     result = down.save(b"k1", SCOPE, NAMES.tenant(TENANT), DEADLINE, PAYLOAD)

@@ -12,6 +12,7 @@ from kvgov.exceptions import InvalidArgument, InvalidOffloadArgument, KEKError
 from kvgov.govern import GovernedKVCache, OffloadConfig, parse_tier_url
 from kvgov.govern.offload_config import parse_size
 from kvgov.offload import DiskTier, HostMemoryTier, RedisTier
+from tests.support.redis import OwnRedisCluster
 
 from .conftest import KEK, SECRET, SPEC, fill, make_scope, push_out, tier_stats
 
@@ -44,6 +45,15 @@ def test_a_redis_url_keeps_its_own_options_for_redis_py() -> None:
     tls = parse_tier_url("rediss://cache.internal:6380/0?capacity=1GiB&ssl_cert_reqs=required")
     assert tls.name == "redis"
     tls.close()
+
+
+def test_a_redis_cluster_url_builds_a_cluster_tier(redis_cluster: OwnRedisCluster) -> None:
+    """redis+cluster://: the same tier on a Redis Cluster, found from one seed node."""
+    seed = redis_cluster.url.split("://", 1)[1].split("/", 1)[0]
+    tier = parse_tier_url(f"redis+cluster://{seed}/0?capacity=1MiB&prefix=kvgov-test-cfg&name=c")
+    assert isinstance(tier, RedisTier) and tier._redis.cluster
+    assert (tier.name, tier.prefix, tier.usage().stored_blocks) == ("c", "kvgov-test-cfg:{c}", 0)
+    tier.close()
 
 
 @pytest.mark.parametrize(

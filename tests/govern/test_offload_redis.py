@@ -1,8 +1,9 @@
 """The shared Redis tier under the governed cache: Redis going down, two workers sharing it.
 
-Redis here is a private ``redis-server`` this test kills (for the outage), or the
-shared server under a unique key prefix (for the two workers); under ``CI=true`` a
-missing Redis fails instead of skipping (tests/offload/conftest.py).
+Redis here is a private ``redis-server`` this test kills (for the outage), or, for the
+two workers, the shared server under a unique key prefix and then a private three-node
+Redis Cluster; under ``CI=true`` a missing Redis fails instead of skipping
+(tests/offload/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from kvgov.audit import AuditQueries
 from kvgov.govern import GovernedKVCache
 from kvgov.offload import RedisTier
-from tests.support.redis import SHARED_REDIS, OwnRedis
+from tests.support.redis import OwnRedis, RedisTarget
 
 from .conftest import (
     block_keys,
@@ -78,19 +79,19 @@ def test_redis_down_mid_run_degrades_to_the_host_tier_never_to_plaintext(
     assert report.destroyed_key_ids and report.offload_unreachable == ("redis",)
 
 
-def _worker(make_offload_cache: Factory, prefix: str, worker_id: str) -> GovernedKVCache:
+def _worker(make_offload_cache: Factory, target: RedisTarget, worker_id: str) -> GovernedKVCache:
     """A worker: its own pool and host tier; the fleet's Redis tier, key store, secret and KEK."""
-    shared = RedisTier(SHARED_REDIS, 1 << 20, prefix=prefix)
+    shared = RedisTier(target.url, 1 << 20, prefix=target.prefix)
     return make_offload_cache(host_tier(), shared, policy_data=HOST_AND_REDIS, worker_id=worker_id)
 
 
 def test_two_workers_share_one_redis_tier_for_the_same_scope_only(
-    make_offload_cache: Factory, redis_prefix: str, audit_url: str
+    make_offload_cache: Factory, redis_target: RedisTarget, audit_url: str
 ) -> None:
     """What worker A offloaded, worker B restores from Redis for the same scope (audited in
     B's stream), and never for another scope."""
-    a = _worker(make_offload_cache, redis_prefix, "worker-a")
-    b = _worker(make_offload_cache, redis_prefix, "worker-b")
+    a = _worker(make_offload_cache, redis_target, "worker-a")
+    b = _worker(make_offload_cache, redis_target, "worker-b")
     scope = make_scope()
     plain = _write(a, "on-a", scope)
     push_out(a)
