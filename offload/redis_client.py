@@ -138,7 +138,8 @@ class LuaScript:
 class RedisConnection:
     """One tier's client: a ``redis.Redis`` or a ``RedisCluster``, chosen by the URL scheme.
 
-    Thread-safe (redis-py pools; the cluster client is built once, under a lock).
+    Thread-safe (redis-py pools). A cluster client is shared by the connections of this
+    process to the same URL with the same timeout (see :class:`_SharedClusterClients`).
 
     Args:
         url: the tier URL (see the module docstring).
@@ -235,17 +236,7 @@ class RedisConnection:
             return client
         with self._lock:
             if self._client is None:
-                try:
-                    self._client = RedisCluster.from_url(
-                        self._url,
-                        socket_timeout=self._timeout,
-                        socket_connect_timeout=self._timeout,
-                        retry=Retry(NoBackoff(), 1),
-                    )
-                except (redis.RedisError, RedisClusterException) as exc:
-                    raise TierUnavailable(
-                        self._tier, f"Redis Cluster at {self._shown}: {exc}"
-                    ) from None
+                self._client = _SHARED.acquire(self._url, self._timeout, self._tier, self._shown)
             return self._client
 
     def run(self, what: str, fn: Callable[[RedisClient], T]) -> T:
@@ -268,7 +259,56 @@ class RedisConnection:
             raise TierUnavailable(self._tier, f"{what}: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
-        """Close the client's connections (it reconnects if used again)."""
+        """Close the client's connections (a one-server client reconnects if used again)."""
         with self._lock:
-            if self._client is not None:
-                self._client.close()
+            client, self._client = self._client, (None if self.cluster else self._client)
+            if isinstance(client, RedisCluster):
+                _SHARED.release(self._url, self._timeout)
+            elif client is not None:
+                client.close()
+
+
+class _SharedClusterClients:
+    """One ``RedisCluster`` per URL and timeout in a process, shared by the tiers using it.
+
+    Building one asks a node for the slot map and for the command table (``COMMAND``:
+    some 100 ms of parsing); a process that opens several tiers on one cluster (a
+    connector's scheduler and worker sides in one process, tests) builds it once. The
+    client is thread-safe; it is closed when the last tier using it closes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, float], tuple[RedisCluster, int]] = {}
+
+    def acquire(self, url: str, timeout: float, tier: str, shown: str) -> RedisCluster:
+        with self._lock:
+            entry = self._clients.get((url, timeout))
+            if entry is not None:
+                self._clients[(url, timeout)] = (entry[0], entry[1] + 1)
+                return entry[0]
+            try:
+                client = RedisCluster.from_url(
+                    url,
+                    socket_timeout=timeout,
+                    socket_connect_timeout=timeout,
+                    retry=Retry(NoBackoff(), 1),
+                    require_full_coverage=False,  # the tier needs its own slot only
+                )
+            except (redis.RedisError, RedisClusterException) as exc:
+                raise TierUnavailable(tier, f"Redis Cluster at {shown}: {exc}") from None
+            self._clients[(url, timeout)] = (client, 1)
+            return client
+
+    def release(self, url: str, timeout: float) -> None:
+        with self._lock:
+            entry = self._clients.pop((url, timeout), None)
+            if entry is None:
+                return
+            if entry[1] > 1:
+                self._clients[(url, timeout)] = (entry[0], entry[1] - 1)
+            else:
+                entry[0].close()
+
+
+_SHARED = _SharedClusterClients()

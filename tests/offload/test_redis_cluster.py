@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -139,19 +140,39 @@ def test_a_one_server_redis_behind_a_cluster_url_is_refused_at_start(own_redis: 
         RedisTier(url, 1024)
 
 
-def test_a_cluster_down_at_start_is_unavailable_then_found(
+def test_a_cluster_down_at_start_is_unavailable_then_found(tmp_path: Path) -> None:
+    """Down at start is not a misconfiguration: the tier is unavailable until the cluster
+    answers, and the client is built at the first call that reaches it."""
+    cluster = OwnRedisCluster(tmp_path, nodes=1)  # ports chosen, nothing listening yet
+    tier = RedisTier(cluster.url, 1 << 20, prefix="kvgov-test-late", timeout=0.2)
+    with pytest.raises(TierUnavailable, match="Redis Cluster at redis\\+cluster://"):
+        tier.get(_key(1))
+    try:
+        cluster.start()
+        tier.put(obj(1), NOW_US)
+        got = tier.get(_key(1))
+        assert got is not None and bytes(got.ciphertext) == bytes(obj(1).ciphertext)
+    finally:
+        tier.close()
+        cluster.stop()
+
+
+def test_tiers_of_one_process_share_one_cluster_client(
     redis_cluster: OwnRedisCluster, redis_cluster_prefix: str
 ) -> None:
-    """Down at start is not a misconfiguration: the tier is unavailable until it answers,
-    and the client is built at the first call that reaches the cluster."""
-    with pytest.raises(TierUnavailable, match="Redis Cluster"):
-        RedisTier("redis+cluster://127.0.0.1:1/0", 1024, timeout=0.2).get(_key(1))
-    tier = RedisTier(redis_cluster.url, 1 << 20, prefix=redis_cluster_prefix)
-    tier._redis.close()
-    tier._redis._client = None  # as if the seed had not answered at construction
-    tier.put(obj(1), NOW_US)
-    assert tier.get(_key(1)) is not None
-    tier.close()
+    """Two tiers on one URL share a client; closing one leaves the other working."""
+    url = redis_cluster.url.replace("127.0.0.1", "localhost")  # a URL no other test uses
+    one = RedisTier(url, 1 << 20, name="a", prefix=redis_cluster_prefix)
+    two = RedisTier(url, 1 << 20, name="b", prefix=redis_cluster_prefix)
+    assert one._redis.client() is two._redis.client()
+    one.close()
+    two.put(obj(1), NOW_US)
+    assert two.get(_key(1)) is not None
+    client = two._redis.client()
+    two.close()
+    three = RedisTier(url, 1 << 20, name="b", prefix=redis_cluster_prefix)
+    assert three._redis.client() is not client and three.get(_key(1)) is not None
+    three.close()
 
 
 @pytest.fixture()
@@ -256,3 +277,15 @@ def test_the_tier_follows_its_slot_to_another_node(
     tier.put(obj(4), NOW_US)
     assert tier.usage().stored_blocks == 4
     assert len(tier.delete_by_tenant("acme")) == 4 and tier.usage().stored_bytes == 0
+
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
+def test_refused_credentials_are_refused_at_start(
+    scheme: str, redis_cluster: OwnRedisCluster, acl_user: Callable[..., str]
+) -> None:
+    """A wrong password is a misconfiguration, not Redis down: typed, at start."""
+    user = acl_user("+cluster|slots", "+command")
+    url = f"{scheme}://{user}:wrong@127.0.0.1:{redis_cluster.ports[0]}/0"
+    with pytest.raises(InvalidOffloadArgument, match="refused the credentials") as info:
+        RedisTier(url, 1024)
+    assert "wrong" not in str(info.value)  # the URL is shown without its password

@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from kvgov.defaults import REDIS_TIMEOUT_SECONDS
+from kvgov.offload.redis_client import RedisConnection
+
 SHARED_REDIS = os.environ.get("KVGOV_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -111,16 +114,14 @@ class OwnRedisCluster:
     prefixes, as they share the single server.
     """
 
-    NODES = 3
-
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, nodes: int = 3) -> None:
         ports: list[int] = []
-        while len(ports) < 2 * self.NODES:  # distinct, though each was free on its own
+        while len(ports) < 2 * nodes:  # distinct, though each was free on its own
             if (port := _free_port()) not in ports:
                 ports.append(port)
-        self.ports = ports[: self.NODES]
+        self.ports = ports[:nodes]
         # the bus port must be given: the default (port + 10000) may be over 65535
-        self.bus_ports = ports[self.NODES :]
+        self.bus_ports = ports[nodes:]
         self._workdir = workdir
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -156,11 +157,16 @@ class OwnRedisCluster:
                         f"see the logs in {self._workdir}"
                     )
                 time.sleep(0.02)
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=30,
-        )  # fmt: skip
+        if len(self.ports) == 1:  # redis-cli --cluster create wants three masters
+            node = redis.Redis(port=self.ports[0])
+            node.cluster("addslotsrange", 0, 16383)
+            node.close()
+        else:
+            subprocess.run(
+                ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
         for url in self.node_urls():
             client = redis.Redis.from_url(url, socket_timeout=1)
             try:
@@ -209,7 +215,11 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis
     cluster = OwnRedisCluster(tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.start()
+        # Held for the session: tiers on this URL share its cluster client (built once,
+        # as in any process with several tiers on one cluster: kvgov.offload.redis_client).
+        warm = RedisConnection(cluster.url, tier="warm", timeout=REDIS_TIMEOUT_SECONDS)
         yield cluster
+        warm.close()
     finally:
         cluster.stop()
 
