@@ -90,7 +90,8 @@ class FleetSettings:
     """The connector's settings (``kv_connector_extra_config["kvgov"]``).
 
     Attributes:
-        redis_url: the fleet's Redis (``rediss://user:password@host:port/0`` in production).
+        redis_url: the fleet's Redis (``rediss://user:password@host:port/0`` in production;
+            ``rediss+cluster://...`` for a Redis Cluster, see docs/fleet-kv.md).
         key_store_url: the shared wrapped-key store's database (the fleet's PostgreSQL).
         prefix: the Redis key prefix, one per fleet.
         tier_name: the tier's name (bound into every object's AAD; one per fleet).

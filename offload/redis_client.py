@@ -249,7 +249,9 @@ class RedisConnection:
         client = self.client()
         try:
             return fn(client)
-        except redis.exceptions.AskError as exc:  # MOVED too: only a one-server client sees it
+        except redis.exceptions.AskError as exc:  # MOVED too (a subclass)
+            if self.cluster:  # the cluster client follows redirects: this is one too many
+                raise TierUnavailable(self._tier, f"{what}: {type(exc).__name__}: {exc}") from None
             raise TierUnavailable(
                 self._tier,
                 f"{what}: a Redis Cluster node redirected the command ({exc}): "
