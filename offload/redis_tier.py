@@ -11,8 +11,12 @@ all of a tier's keys one Redis Cluster hash slot, so the Lua scripts stay atomic
     P:{N}:bytes               int   sum of nbytes over the hash
     P:{N}:tick                int   the access tick (shared, so LRU spans all workers)
 
-Every write goes through one Lua script (put with eviction, get with touch, delete,
-delete by tenant), so concurrent workers never see or leave half an update. Redis
+Every write is atomic, so concurrent workers never see or leave half an update: a put
+is one MULTI/EXEC of a Lua script (drop the old copy, evict, enter the index) and a plain
+``SET`` of the object (the object's bytes never pass through Lua, which cost a put about
+twice a plain SET); delete and delete by tenant are one Lua script each. A get is one
+pipelined round trip: ``GET`` and a script that touches the object (or drops its index
+entries if it is gone). Redis
 expires an object itself at its deadline; its index entries are removed by the next
 ``get``, eviction or ``list_expired`` sweep that meets them.
 
@@ -29,6 +33,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from kvgov.defaults import REDIS_KEY_PREFIX, REDIS_TIMEOUT_SECONDS
@@ -56,12 +61,15 @@ local function drop(P, m)
 end
 """
 
-# KEYS[1]=P  ARGV: member, blob, ttl_ms, meta, nbytes, capacity, deadline_us, tenant_hex
-_PUT = (
+# KEYS[1]=P  ARGV: member, meta, nbytes, capacity, deadline_us, tenant_hex
+# The index half of a put: the object itself is written by a plain SET in the same
+# MULTI/EXEC (the blob does not travel through Lua, which copied it twice: the put cost
+# ~2x a plain SET of the same bytes). MULTI/EXEC keeps the pair atomic.
+_PUT_INDEX = (
     _DROP
     + """
 local P = KEYS[1]
-local m, size, cap = ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6])
+local m, size, cap = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 drop(P, m)
 local used = tonumber(redis.call('GET', P .. ':bytes') or '0')
 local evicted = {}
@@ -74,28 +82,27 @@ while used + size > cap do
     table.insert(evicted, meta .. '|' .. victim)
   end
 end
-redis.call('SET', P .. ':o:' .. m, ARGV[2], 'PX', ARGV[3])
 redis.call('ZADD', P .. ':lru', redis.call('INCR', P .. ':tick'), m)
-redis.call('ZADD', P .. ':dl', ARGV[7], m)
-redis.call('HSET', P .. ':m', m, ARGV[4])
-redis.call('SADD', P .. ':t:' .. ARGV[8], m)
+redis.call('ZADD', P .. ':dl', ARGV[5], m)
+redis.call('HSET', P .. ':m', m, ARGV[2])
+redis.call('SADD', P .. ':t:' .. ARGV[6], m)
 redis.call('INCRBY', P .. ':bytes', size)
 return evicted
 """
 )
 
-# KEYS[1]=P  ARGV: member
-_GET = (
+# KEYS[1]=P  ARGV: member. The touch half of a get (the GET itself is pipelined beside
+# it): most recently used if the object is there, its index entries dropped if not.
+_TOUCH = (
     _DROP
     + """
 local P, m = KEYS[1], ARGV[1]
-local blob = redis.call('GET', P .. ':o:' .. m)
-if not blob then
+if redis.call('EXISTS', P .. ':o:' .. m) == 0 then
   drop(P, m)
-  return false
+  return 0
 end
 redis.call('ZADD', P .. ':lru', 'XX', redis.call('INCR', P .. ':tick'), m)
-return blob
+return 1
 """
 )
 
@@ -174,8 +181,8 @@ class RedisTier:
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 1),
         )
-        self._put = self._client.register_script(_PUT)
-        self._get = self._client.register_script(_GET)
+        self._put_index = self._client.register_script(_PUT_INDEX)
+        self._touch = self._client.register_script(_TOUCH)
         self._delete = self._client.register_script(_DELETE)
         self._delete_tenant = self._client.register_script(_DELETE_TENANT)
 
@@ -222,20 +229,32 @@ class RedisTier:
                 f"larger than tier {self._name!r}'s capacity of {self._capacity} bytes",
             )
         tenant_hex = obj.tenant.encode("utf-8").hex()
+        member = obj.block_key.hex()
         meta = f"{info.nbytes}|{obj.deadline_us}|{tenant_hex}|{obj.scope_digest.hex()}"
         ttl_ms = max(1, math.ceil((obj.deadline_us - now_us) / 1000))
-        args: list[bytes | str | int] = [
-            obj.block_key.hex(),
-            encode(obj),
-            ttl_ms,
-            meta,
-            info.nbytes,
-            self._capacity,
-            obj.deadline_us,
-            tenant_hex,
-        ]
-        evicted = self._call("put", lambda: self._put(keys=[self._prefix], args=args))
-        return [_info_with_member(e) for e in evicted]
+        index: list[str | int] = [
+            member, meta, info.nbytes, self._capacity, obj.deadline_us, tenant_hex
+        ]  # fmt: skip
+        blob = encode(obj)
+
+        def write() -> list[Any]:
+            # one round trip, atomic: the index (drop, evict, enter) and then the object
+            pipe = self._client.pipeline(transaction=True)
+            pipe.evalsha(self._put_index.sha, 1, self._prefix, *index)
+            pipe.set(self.object_key(obj.block_key), blob, px=ttl_ms)
+            return list(pipe.execute(raise_on_error=False))
+
+        results = self._call("put", write)
+        if isinstance(results[0], NoScriptError):
+            # Redis lost its scripts (a restart, SCRIPT FLUSH): the SET ran without its
+            # index; load the script and put again (the index script drops that object)
+            self._call("put", lambda: self._client.script_load(_PUT_INDEX))
+            results = self._call("put", write)
+        for result in results:
+            if isinstance(result, Exception):  # half a put: drop the object and its index
+                self._call("put", lambda: self._delete(keys=[self._prefix], args=[member]))
+                raise TierUnavailable(self._name, f"put: {type(result).__name__}: {result}")
+        return [_info_with_member(e) for e in results[0]]
 
     def get(self, block_key: bytes) -> SealedBlock | None:
         """The object for ``block_key`` (touched as most recently used), or None.
@@ -244,7 +263,22 @@ class RedisTier:
             ObjectCorrupt: the stored value does not parse.
             TierUnavailable: Redis cannot be reached.
         """
-        blob = self._call("get", lambda: self._get(keys=[self._prefix], args=[block_key.hex()]))
+        member = block_key.hex()
+
+        def read() -> list[Any]:
+            # one round trip: the object and its touch (or its stale index dropped)
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(self.object_key(block_key))
+            pipe.evalsha(self._touch.sha, 1, self._prefix, member)
+            return list(pipe.execute(raise_on_error=False))
+
+        blob, touched = self._call("get", read)
+        if isinstance(touched, NoScriptError):
+            self._call("get", lambda: self._touch(keys=[self._prefix], args=[member]))
+        elif isinstance(touched, Exception):
+            raise TierUnavailable(self._name, f"get: {type(touched).__name__}: {touched}")
+        if isinstance(blob, Exception):
+            raise TierUnavailable(self._name, f"get: {type(blob).__name__}: {blob}")
         if blob is None:
             return None
         return decode(blob, tier=self._name, block_key=block_key)
