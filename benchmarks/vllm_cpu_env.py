@@ -160,6 +160,7 @@ class Server:
     kv_probe: bool = False  # VLLM_SERVER_DEV_MODE and the KvProbe worker extension
     port: int = field(default_factory=free_port)
     cwd: Path | None = None  # the server's working directory (None: this process's)
+    extra_args: list[str] = field(default_factory=list)  # more ``vllm serve`` arguments
     proc: subprocess.Popen[bytes] | None = None
     started_s: float = 0.0
 
@@ -183,7 +184,7 @@ class Server:
         if self.governed:
             cmd += ["--scheduler-cls", GOVERNED_SCHEDULER]
             cmd += ["--additional-config", json.dumps({"kvgov": self.kvgov})]
-        return cmd
+        return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
         """The server process's environment."""

@@ -260,6 +260,52 @@ class RedisConnection:
         except (redis.RedisError, RedisClusterException) as exc:
             raise TierUnavailable(self._tier, f"{what}: {type(exc).__name__}: {exc}") from None
 
+    def pipeline(
+        self,
+        what: str,
+        key: str,
+        fill: Callable[[redis.client.Pipeline], None],
+        *,
+        transaction: bool,
+    ) -> list[Any]:
+        """One pipeline (a ``MULTI``/``EXEC`` if ``transaction``) of commands on ``key``'s slot.
+
+        ``fill`` queues the commands; every one must name keys of ``key``'s slot. On a
+        cluster the pipeline goes to the node that owns the slot, over that node's own
+        connection (redis-py's cluster pipelines refuse ``EVALSHA``); a ``MOVED`` (the slot
+        moved since the client last read the slot map) refreshes the map and runs it once
+        more. Errors of single commands come back in the list (``raise_on_error=False``).
+
+        Raises:
+            TierUnavailable: Redis cannot be reached, or the slot moved again.
+        """
+
+        def go(client: RedisClient) -> list[Any]:
+            for attempt in (0, 1):
+                if isinstance(client, RedisCluster):
+                    owner = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                    node: redis.Redis = client.get_redis_connection(owner)
+                else:
+                    node = client
+                pipe = node.pipeline(transaction=transaction)
+                fill(pipe)
+                try:
+                    results = list(pipe.execute(raise_on_error=False))
+                except redis.exceptions.AskError:  # MOVED too: in a MULTI, EXEC is aborted
+                    if attempt or not isinstance(client, RedisCluster):
+                        raise
+                    client.nodes_manager.initialize()
+                    continue
+                moved = [r for r in results if isinstance(r, redis.exceptions.AskError)]
+                if not moved:
+                    return results
+                if attempt or not isinstance(client, RedisCluster):
+                    raise moved[0]  # run() says what a redirect means for this URL
+                client.nodes_manager.initialize()
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return self.run(what, go)
+
     def close(self) -> None:
         """Close the client's connections (a one-server client reconnects if used again)."""
         with self._lock:

@@ -13,10 +13,13 @@ the hash tag)::
     P:{N}:bytes               int   sum of nbytes over the hash
     P:{N}:tick                int   the access tick (shared, so LRU spans all workers)
 
-Every write goes through one Lua script (put with eviction, get with touch, delete,
-delete by tenant), so concurrent workers never see or leave half an update. Every
-command names keys of the tier's slot only (no multi-slot command, no scan across
-nodes), so the tier runs on one server or on Redis Cluster alike
+Every write is atomic, so concurrent workers never see or leave half an update: a put
+is one MULTI/EXEC of a Lua script (drop the old copy, evict, enter the index) and a plain
+``SET`` of the object (the object's bytes never pass through Lua, which cost a put about
+twice a plain SET); delete and delete by tenant are one Lua script each. A get is one
+pipelined round trip: ``GET`` and a script that touches the object (or drops its index
+entries if it is gone). Every command names keys of the tier's slot only (no multi-slot
+command, no scan across nodes), so the tier runs on one server or on Redis Cluster alike
 (:mod:`kvgov.offload.redis_client` picks the client from the URL). Redis
 expires an object itself at its deadline; its index entries are removed by the next
 ``get``, eviction or ``list_expired`` sweep that meets them.
@@ -32,8 +35,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from redis.client import Pipeline
+from redis.exceptions import NoScriptError
+
 from kvgov.defaults import REDIS_KEY_PREFIX, REDIS_TIMEOUT_SECONDS
-from kvgov.exceptions import InvalidOffloadArgument
+from kvgov.exceptions import InvalidOffloadArgument, TierUnavailable
 
 from .objects import ObjectInfo, SealedBlock, decode, encode
 from .redis_client import LuaScript, RedisClient, RedisConnection
@@ -57,12 +63,15 @@ local function drop(P, m)
 end
 """
 
-# KEYS[1]=P  ARGV: member, blob, ttl_ms, meta, nbytes, capacity, deadline_us, tenant_hex
-_PUT = (
+# KEYS[1]=P  ARGV: member, meta, nbytes, capacity, deadline_us, tenant_hex
+# The index half of a put: the object itself is written by a plain SET in the same
+# MULTI/EXEC (the blob does not travel through Lua, which copied it twice: the put cost
+# ~2x a plain SET of the same bytes). MULTI/EXEC keeps the pair atomic.
+_PUT_INDEX = (
     _DROP
     + """
 local P = KEYS[1]
-local m, size, cap = ARGV[1], tonumber(ARGV[5]), tonumber(ARGV[6])
+local m, size, cap = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 drop(P, m)
 local used = tonumber(redis.call('GET', P .. ':bytes') or '0')
 local evicted = {}
@@ -75,28 +84,27 @@ while used + size > cap do
     table.insert(evicted, meta .. '|' .. victim)
   end
 end
-redis.call('SET', P .. ':o:' .. m, ARGV[2], 'PX', ARGV[3])
 redis.call('ZADD', P .. ':lru', redis.call('INCR', P .. ':tick'), m)
-redis.call('ZADD', P .. ':dl', ARGV[7], m)
-redis.call('HSET', P .. ':m', m, ARGV[4])
-redis.call('SADD', P .. ':t:' .. ARGV[8], m)
+redis.call('ZADD', P .. ':dl', ARGV[5], m)
+redis.call('HSET', P .. ':m', m, ARGV[2])
+redis.call('SADD', P .. ':t:' .. ARGV[6], m)
 redis.call('INCRBY', P .. ':bytes', size)
 return evicted
 """
 )
 
-# KEYS[1]=P  ARGV: member
-_GET = (
+# KEYS[1]=P  ARGV: member. The touch half of a get (the GET itself is pipelined beside
+# it): most recently used if the object is there, its index entries dropped if not.
+_TOUCH = (
     _DROP
     + """
 local P, m = KEYS[1], ARGV[1]
-local blob = redis.call('GET', P .. ':o:' .. m)
-if not blob then
+if redis.call('EXISTS', P .. ':o:' .. m) == 0 then
   drop(P, m)
-  return false
+  return 0
 end
 redis.call('ZADD', P .. ':lru', 'XX', redis.call('INCR', P .. ':tick'), m)
-return blob
+return 1
 """
 )
 
@@ -175,8 +183,8 @@ class RedisTier:
                 )
         self._prefix = f"{prefix}:{{{name}}}"
         self._redis = RedisConnection(url, tier=self._name, timeout=timeout)
-        self._put = LuaScript.of(_PUT)
-        self._get = LuaScript.of(_GET)
+        self._put_index = LuaScript.of(_PUT_INDEX)
+        self._touch = LuaScript.of(_TOUCH)
         self._delete = LuaScript.of(_DELETE)
         self._delete_tenant = LuaScript.of(_DELETE_TENANT)
 
@@ -225,18 +233,30 @@ class RedisTier:
         tenant_hex = obj.tenant.encode("utf-8").hex()
         meta = f"{info.nbytes}|{obj.deadline_us}|{tenant_hex}|{obj.scope_digest.hex()}"
         ttl_ms = max(1, math.ceil((obj.deadline_us - now_us) / 1000))
-        args: list[bytes | str | int] = [
-            obj.block_key.hex(),
-            encode(obj),
-            ttl_ms,
-            meta,
-            info.nbytes,
-            self._capacity,
-            obj.deadline_us,
-            tenant_hex,
-        ]
-        evicted = self._script("put", self._put, args)
-        return [_info_with_member(e) for e in evicted]
+        member = obj.block_key.hex()
+        index: list[str | int] = [
+            member, meta, info.nbytes, self._capacity, obj.deadline_us, tenant_hex
+        ]  # fmt: skip
+        blob = encode(obj)
+        key = self.object_key(obj.block_key)
+
+        def write(pipe: Pipeline) -> None:
+            # one round trip, atomic (keys of one slot: one node runs it all): the index
+            # (drop, evict, enter) and then the object
+            pipe.evalsha(self._put_index.sha, 1, self._prefix, *index)
+            pipe.set(key, blob, px=ttl_ms)
+
+        results = self._redis.pipeline("put", self._prefix, write, transaction=True)
+        if isinstance(results[0], NoScriptError):
+            # Redis lost its scripts (a restart, SCRIPT FLUSH): the SET ran without its
+            # index; load the script and put again (the index script drops that object)
+            self._call("put", lambda client: client.script_load(_PUT_INDEX))
+            results = self._redis.pipeline("put", self._prefix, write, transaction=True)
+        for result in results:
+            if isinstance(result, Exception):  # half a put: drop the object and its index
+                self._script("put", self._delete, [member])
+                raise TierUnavailable(self._name, f"put: {type(result).__name__}: {result}")
+        return [_info_with_member(e) for e in results[0]]
 
     def get(self, block_key: bytes) -> SealedBlock | None:
         """The object for ``block_key`` (touched as most recently used), or None.
@@ -245,7 +265,21 @@ class RedisTier:
             ObjectCorrupt: the stored value does not parse.
             TierUnavailable: Redis cannot be reached.
         """
-        blob = self._script("get", self._get, [block_key.hex()])
+        member = block_key.hex()
+        key = self.object_key(block_key)
+
+        def read(pipe: Pipeline) -> None:
+            # one round trip: the object and its touch (or its stale index dropped)
+            pipe.get(key)
+            pipe.evalsha(self._touch.sha, 1, self._prefix, member)
+
+        blob, touched = self._redis.pipeline("get", self._prefix, read, transaction=False)
+        if isinstance(touched, NoScriptError):
+            self._script("get", self._touch, [member])
+        elif isinstance(touched, Exception):
+            raise TierUnavailable(self._name, f"get: {type(touched).__name__}: {touched}")
+        if isinstance(blob, Exception):
+            raise TierUnavailable(self._name, f"get: {type(blob).__name__}: {blob}")
         if blob is None:
             return None
         return decode(blob, tier=self._name, block_key=block_key)

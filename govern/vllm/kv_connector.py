@@ -11,14 +11,17 @@ Selected with::
 left out.) It keys external KV by ``request.block_hashes``, which under the governed
 scheduler are kvgov's keyed chain in the request's namespace: a request finds only
 blocks of its own scope. Requests that publish in a share group are neither saved nor
-loaded (their blocks may be sealed under another tenant's data key: fail closed).
+loaded (their blocks may be sealed under another tenant's data key: fail closed), nor
+are those whose scope the offload policy does not allow on the tier (``offload_tiers``
+in the policy's data must list the tier's name, ``tier_name``, for the classification).
 
 Scheduler side (the engine core process, where the governor and its audit log live)::
 
     get_num_new_matched_tokens  own chain, from the first block not computed: one
                                 pipelined EXISTS in Redis (deadline: timeout_s);
                                 Redis down or backing off, nothing stored, or
-                                recomputing cheaper -> 0, audited as a miss
+                                (blocks stored but) recomputing cheaper -> 0,
+                                audited as a miss
                                 (offload_restore, reused_tokens 0, details.outcome)
     update_state_after_alloc    the blocks vLLM allocated for the hit -> a load
     build_connector_meta        loads, and saves of the blocks this step fills
@@ -207,6 +210,12 @@ class GovernedKVConnector(KVConnectorBase_V1):
             return state, "share_group"
         if state.scope.tenant in self.kvgov_binding.gov.ledger.purging:
             return state, "purging"
+        # the offload policy, asked about this tier by its name (offload_tiers in the
+        # policy's data); it fails closed (an engine error denies)
+        if not self.kvgov_binding.gov.policy.offload(
+            state.view.fields, self.settings.tier_name
+        ).allow:
+            return state, "offload_denied"
         return state, None
 
     def kvgov_audit(
@@ -230,8 +239,10 @@ class GovernedKVConnector(KVConnectorBase_V1):
             )
         )
 
-    def kvgov_miss(self, state: Any, reason: str) -> tuple[int, bool]:
-        self.kvgov_audit(state, EventType.OFFLOAD_RESTORE, reused=0, outcome="miss", reason=reason)
+    def kvgov_miss(self, state: Any, reason: str, **details: Any) -> tuple[int, bool]:
+        self.kvgov_audit(
+            state, EventType.OFFLOAD_RESTORE, reused=0, outcome="miss", reason=reason, **details
+        )
         return 0, False
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
@@ -246,15 +257,21 @@ class GovernedKVConnector(KVConnectorBase_V1):
         if why is not None:
             return self.kvgov_miss(state, why)
         self.kvgov_remember(state)
-        if not self.cost.pays(self.block_size):
-            self.cost.skip("load")
-            return self.kvgov_miss(state, "recompute_cheaper")
         keys = tuple(bytes(h) for h in request.block_hashes[start:end])
         found = self.fleet.present(list(keys))
         if found is None:
             return self.kvgov_miss(state, "unavailable")
         if found == 0:
             return self.kvgov_miss(state, "absent")
+        # asked after the lookup: a miss says "absent" when nothing of the scope is stored
+        if self.settings.cost_rule and not self.cost.pays(self.block_size):
+            self.cost.skip("load")
+            figures = self.cost.metrics(self.block_size)
+            return self.kvgov_miss(
+                state,
+                "recompute_cheaper",
+                **{k: figures[k] for k in ("restore_bytes_per_s", "prefill_tokens_per_s")},
+            )
         self.kvgov_pending[request.request_id] = (start, keys[:found])
         return found * self.block_size, False
 
@@ -329,7 +346,7 @@ class GovernedKVConnector(KVConnectorBase_V1):
         state, why = self.kvgov_governed(request)
         if state is None or why is not None or state.plan.ttl is None:
             return None
-        if not self.cost.pays(self.block_size):
+        if self.settings.cost_rule and not self.cost.pays(self.block_size):
             self.cost.skip("save")
             self.kvgov_count("save_skipped")
             return None

@@ -168,6 +168,20 @@ def test_the_cost_rule_skips_when_recomputing_is_cheaper() -> None:
     assert metrics["offload_pays"] is True and metrics["block_bytes"] == 100_000
 
 
+def test_the_cost_rule_weighs_each_step_by_its_size() -> None:
+    """A short step that ran fast does not outweigh a long one: the rates are throughputs
+    (decayed sums of tokens and seconds), not averages of per-step rates. Measured on the
+    real engine: a 32-token step, then a 480-token prefill at 45 tokens/s; restoring a
+    32-token block took 0.17 s, recomputing it 0.7 s -- the rule must load it."""
+    cost = CostModel()
+    cost.restored(nbytes=15 * 2_359_296, seconds=15 * 0.17, blocks=15)
+    cost.prefilled(tokens=32, seconds=0.01)  # 3,200 tokens/s: a short step, lightly loaded
+    cost.prefilled(tokens=480, seconds=10.7)  # 45 tokens/s: the long prefill
+    rate = cost.prefill_tokens_per_s
+    assert rate is not None and 45 < rate < 60, rate
+    assert cost.pays(32)
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(BindingConfigError, match="redis_url"):
         FleetSettings.from_extra({"kvgov": {"key_store_url": "sqlite://"}})
@@ -175,5 +189,11 @@ def test_settings_are_checked() -> None:
         FleetSettings.from_extra(
             {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://", "timeout_s": 0}}
         )
+    with pytest.raises(BindingConfigError, match="cost_rule"):
+        FleetSettings.from_extra(
+            {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://", "cost_rule": "no"}}
+        )
+    off = {"redis_url": "redis://x", "key_store_url": "sqlite://", "cost_rule": False}
+    assert FleetSettings.from_extra({"kvgov": off}).cost_rule is False
     with pytest.raises(BindingConfigError, match="settings among"):
         FleetSettings.from_extra({"kvgov": {"redis_url": "redis://x", "bogus": 1}})

@@ -191,7 +191,14 @@ def acl_user(redis_cluster: OwnRedisCluster, redis_cluster_prefix: str) -> Itera
                 enabled=True,
                 passwords=["+pw"],
                 keys=[f"{redis_cluster_prefix}:*"],
-                commands=["+@read", "+@write", "+@scripting", "-@dangerous", *extra],
+                commands=[
+                    "+@read",
+                    "+@write",
+                    "+@scripting",
+                    "+@transaction",
+                    "-@dangerous",
+                    *extra,
+                ],
             )
             node.close()
         made.append(user)

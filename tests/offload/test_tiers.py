@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import redis
 
 from kvgov.exceptions import InvalidOffloadArgument
 from kvgov.offload import DiskTier, HostMemoryTier, ObjectInfo, RedisTier, SealedBlock, Tier
@@ -214,3 +216,22 @@ def test_redis_url_is_checked() -> None:
     """Only redis://, rediss:// and unix:// URLs are accepted."""
     with pytest.raises(InvalidOffloadArgument, match="redis://"):
         RedisTier("http://127.0.0.1:6379", 1024)
+
+
+def test_redis_put_and_get_survive_redis_losing_its_scripts(own_redis: Any) -> None:
+    """A put is one MULTI/EXEC (the index script, then a plain SET of the object); when
+    Redis lost its scripts (a restart, SCRIPT FLUSH) the put is made again with the
+    script loaded, so no object is left without its index (a purge finds every object)."""
+    tier = RedisTier(own_redis.url, 1 << 20, prefix="kvgov-test")
+    client = redis.Redis.from_url(own_redis.url)
+    tier.put(obj(1), NOW_US)
+    client.script_flush()
+    tier.put(obj(2, tenant="globex"), NOW_US)
+    assert tier.usage().stored_blocks == 2
+    client.script_flush()
+    got = tier.get((2).to_bytes(32, "big"))
+    assert got is not None and got.tenant == "globex"
+    assert [i.block_key for i in tier.delete_by_tenant("globex")] == [(2).to_bytes(32, "big")]
+    assert client.get(tier.object_key((2).to_bytes(32, "big"))) is None
+    assert tier.usage().stored_blocks == 1
+    tier.close()

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.vllm
 PROMPT = list(range(700, 860))  # 10 full blocks of 16
 REDIS = "redis://127.0.0.1:6379/0"
 NUM_BLOCKS = 200
+#: the offload policy allows the connector's tier ("fleet") for "internal" KV
+ALLOW_TIER = {"kvgov": {"config": {"offload_tiers": {"internal": ["host", "fleet"]}}}}
 
 
 @pytest.fixture()
@@ -36,7 +38,9 @@ def prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 class Server:
     """A governed scheduler with the connector, and its worker side on real KV tensors."""
 
-    def __init__(self, vllm: Any, settings: dict[str, Any]) -> None:
+    def __init__(
+        self, vllm: Any, settings: dict[str, Any], policy_data: dict[str, Any] | None = None
+    ) -> None:
         import torch
         from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -50,7 +54,11 @@ class Server:
             kv_role="kv_both",
             kv_connector_extra_config={"kvgov": settings},
         )
-        self.sched = vllm.scheduler(kv_transfer_config=transfer, num_blocks=NUM_BLOCKS)
+        self.sched = vllm.scheduler(
+            kv_transfer_config=transfer,
+            num_blocks=NUM_BLOCKS,
+            kvgov={"policy_data": ALLOW_TIER if policy_data is None else policy_data},
+        )
         self.conn: GovernedKVConnector = self.sched.connector
         self.worker = GovernedKVConnector(
             self.sched.vllm_config, KVConnectorRole.WORKER, self.sched.kv_cache_config
@@ -154,6 +162,25 @@ def test_a_tenants_blocks_saved_on_one_server_load_on_another_for_that_tenant_on
     assert [(e.tenant, e.requester_tenant) for e in restores] == [("A", "A")]
 
 
+def test_a_scope_the_offload_policy_keeps_off_the_tier_is_neither_saved_nor_loaded(
+    vllm: Any, prefix: str
+) -> None:
+    """The default policy lets "internal" KV go to "host" only: the connector's tier
+    ("fleet") gets nothing of it, and its lookups are audited as denied misses."""
+    import redis
+
+    default = {"kvgov": {"config": {"offload_tiers": {"internal": ["host"]}}}}
+    one = Server(vllm, _settings(prefix, vllm), policy_data=default)
+    one.run("a1", "A")
+    assert not [e for e in one.events() if e.type == "offload"]
+    assert not list(redis.Redis.from_url(REDIS).scan_iter(match=f"{prefix}:*:o:*"))
+    assert one.run("a2", "A")[0] >= 9 * 16  # the device cache still serves it
+    one.sched.reset_prefix_cache()
+    assert one.run("a3", "A")[0] == 0
+    misses = [e for e in one.events(sequence_id="a3") if e.details.get("outcome") == "miss"]
+    assert [e.details["reason"] for e in misses] == ["offload_denied"]
+
+
 def test_redis_keys_and_objects_name_no_tenant(vllm: Any, prefix: str) -> None:
     import redis
 
@@ -239,5 +266,6 @@ def test_a_load_is_skipped_when_recomputing_is_cheaper(vllm: Any, prefix: str) -
     assert two.run("a2", "A")[0] == 0
     misses = [e for e in two.events(sequence_id="a2") if e.details.get("outcome") == "miss"]
     assert [e.details["reason"] for e in misses] == ["recompute_cheaper"]
+    assert misses[0].details["restore_bytes_per_s"] == 1.0  # the figures behind it
     metrics = two.conn.kvgov_metrics()
     assert metrics["skipped_loads"] >= 1 and metrics["offload_pays"] is False
