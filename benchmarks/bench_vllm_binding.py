@@ -34,6 +34,14 @@ reported all the same, and beside it the ratio *net of isolation*: against stock
 a per-tenant ``cache_salt``, vLLM's own way to keep tenants' prefixes apart, which misses
 exactly where governed does — a third variant in each round of that scenario, sharing
 stock's scheduler). One scheduler per variant is reused (prefix cache reset between runs).
+The *hybrid* scenarios run the distinct and the shared stream on a model with two KV cache
+groups, full attention and a sliding window of ``--window`` tokens (256: the window slides
+within every prompt; vLLM's ``HybridKVCacheCoordinator``, a block per group per 16 tokens),
+with vLLM's prefix-cache retention dense (``prefix_cache_retention_interval=None``: every
+full block of the window group cached, so the shared prompt hits; the engine's default
+keeps only checkpoints), on a scheduler pair of their own, with half the pairs (at least
+3); us/blk counts both groups' blocks. The target below is the full-attention rows'.
+
 Each round runs a *pair*: both variants back to back, alternating which goes first (the
 three of the 8-tenant scenario in rotation); a ratio is the median of the per-pair ratios
 (``paired.py``), with p25-p75. The process is pinned to one CPU (``--cpu -1`` turns it
@@ -68,7 +76,15 @@ def target_for(prompt: int) -> float:
     return next(t for at_least, t in TARGETS if prompt >= at_least)
 
 
-SCENARIOS = (("distinct", 1), ("shared", 1), ("shared", 8))
+#: (stream, tenants, layout): "full" one full-attention group, "hybrid" full + sliding window
+SCENARIOS = (
+    ("distinct", 1, "full"),
+    ("shared", 1, "full"),
+    ("shared", 8, "full"),
+    ("distinct", 1, "hybrid"),
+    ("shared", 1, "hybrid"),
+)
+WINDOW = 256  # the hybrid model's sliding window, tokens (--window)
 TIMERS = ("construct", "add", "schedule", "update", "flush")
 
 
@@ -90,7 +106,12 @@ class Bench:
     """Both schedulers on one config-only model; requests, runs, rounds."""
 
     def __init__(
-        self, requests: int, prompt: int, workdir: Path, audit_url: str | None = None
+        self,
+        requests: int,
+        prompt: int,
+        workdir: Path,
+        audit_url: str | None = None,
+        window: int = WINDOW,
     ) -> None:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ["KVGOV_KEY_SECRET"] = "bench-secret-" + "x" * 32
@@ -101,7 +122,7 @@ class Bench:
 
         from kvgov.govern.vllm import plugin
 
-        self.n, self.prompt, self.workdir = requests, prompt, workdir
+        self.n, self.prompt, self.workdir, self.window = requests, prompt, workdir, window
         self.audit_url = audit_url or f"sqlite:///{workdir / 'audit.db'}"
         self.model = workdir / "model"
         transformers.OPTConfig(
@@ -124,25 +145,39 @@ class Bench:
         # a stock engine has no kvgov plugin: its flag is vLLM's own
         KVCacheConfig.needs_kv_cache_zeroing = original
         self.stock = self._scheduler(Scheduler)
+        self.stock_hybrid = self._scheduler(Scheduler, hybrid=True)
         KVCacheConfig.needs_kv_cache_zeroing = forced
         self.governed = self._scheduler(GovernedScheduler)
+        self.governed_hybrid = self._scheduler(GovernedScheduler, hybrid=True)
         self.hashers = {
             "stock": self.stock_hasher,
             "governed": deferred_block_hasher,
             "salted": self.stock_hasher,
         }
         # "salted": stock vLLM, each tenant's prompts under its own cache_salt
-        self.scheds = {"stock": self.stock, "governed": self.governed, "salted": self.stock}
+        self.scheds = {
+            ("stock", "full"): self.stock,
+            ("governed", "full"): self.governed,
+            ("salted", "full"): self.stock,
+            ("stock", "hybrid"): self.stock_hybrid,
+            ("governed", "hybrid"): self.governed_hybrid,
+        }
         self._prompts: dict[str, list[list[int]]] = {}
 
-    def _scheduler(self, cls: Any) -> Any:
+    def _scheduler(self, cls: Any, hybrid: bool = False) -> Any:
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.structured_output import StructuredOutputManager
 
-        num_blocks = self.n * (self.prompt // BS + 2) + 64
+        groups = 2 if hybrid else 1
+        num_blocks = groups * self.n * (self.prompt // BS + 2) + 64
         max_len = self.prompt + 64
         vllm_config = VllmConfig(
             model_config=ModelConfig(
@@ -162,14 +197,19 @@ class Bench:
         )
         vllm_config.cache_config.num_gpu_blocks = num_blocks
         register_all_kvcache_specs(vllm_config)
-        spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        common = {"block_size": BS, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+        specs = [FullAttentionSpec(**common)]
+        if hybrid:
+            specs.append(SlidingWindowSpec(**common, sliding_window=self.window))
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        )
+        kv_cache_config.prefix_cache_retention_interval = None  # dense (the class default)
         return cls(
             vllm_config=vllm_config,
-            kv_cache_config=KVCacheConfig(
-                num_blocks=num_blocks,
-                kv_cache_tensors=[],
-                kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
-            ),
+            kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=BS,
             log_stats=False,
@@ -185,8 +225,8 @@ class Bench:
             )
         return self._prompts[scenario]
 
-    def _reset(self, variant: str) -> Any:
-        sched = self.scheds[variant]
+    def _reset(self, variant: str, layout: str) -> Any:
+        sched = self.scheds[variant, layout]
         if sched.requests or not sched.reset_prefix_cache():
             raise RuntimeError(f"{variant}: the scheduler did not drain between runs")
         binding = getattr(sched, "kvgov", None)
@@ -197,12 +237,14 @@ class Bench:
             binding.gov.audit.flush()
         return sched
 
-    def run(self, variant: str, scenario: str, tenants: int) -> dict[str, float]:
+    def run(
+        self, variant: str, scenario: str, tenants: int, layout: str = "full"
+    ) -> dict[str, float]:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
 
-        sched = self._reset(variant)
+        sched = self._reset(variant, layout)
         binding = getattr(sched, "kvgov", None)
         hasher = self.hashers[variant]
         prompts = self.prompts(scenario)
@@ -230,7 +272,7 @@ class Bench:
                     i = pending.pop(0)
                     t0 = clock()
                     req = Request(
-                        request_id=f"{variant}-{i}",
+                        request_id=f"{variant}-{layout}-{i}",
                         prompt_token_ids=prompts[i],
                         sampling_params=params[i],
                         pooling_params=None,
@@ -276,6 +318,7 @@ class Bench:
 
     def close(self) -> None:
         self.governed.shutdown()
+        self.governed_hybrid.shutdown()
 
 
 def _pin(cpu: int | None) -> int | None:
@@ -300,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=1024, help="prompt tokens (1,024)")
     parser.add_argument("--cpu", type=int, default=None, help="CPU to pin to (-1: none)")
     parser.add_argument(
+        "--window", type=int, default=WINDOW, help="the hybrid scenarios' window, tokens (256)"
+    )
+    parser.add_argument(
         "--audit-url",
         default=None,
         help="the governed engine's audit database (a SQLite file in a temporary directory; "
@@ -307,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rounds < 0 or args.requests < 0 or args.prompt < BS:
-        parser.error("--rounds and --requests must be >= 0, --prompt >= 16")
+    if args.rounds < 0 or args.requests < 0 or args.prompt < BS or args.window < BS:
+        parser.error("--rounds and --requests must be >= 0, --prompt and --window >= 16")
     why = _vllm_or_reexec(args)
     if why is not None:
         print(f"SKIP: vLLM is unavailable: {why}")
@@ -320,33 +366,38 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-"))
-    bench = Bench(n, args.prompt, workdir, args.audit_url)
-    blocks = n * (args.prompt // BS)
+    bench = Bench(n, args.prompt, workdir, args.audit_url, args.window)
     print(
         f"vLLM {vllm.__version__} scheduler, no model, CPU {cpu if cpu is not None else 'any'}: "
         f"{n} requests x {args.prompt} tokens ({args.prompt // BS} blocks of {BS}), 4 output "
         f"tokens, one arrival per step; {rounds} pairs per scenario; audit trail in "
-        f"{bench.audit_url.partition(':')[0]}"
+        f"{bench.audit_url.partition(':')[0]}; hybrid: full + a {args.window}-token window"
     )
     print(
-        f"{'scenario':22s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "
+        f"{'scenario':24s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "
         f"{'us/blk':>7s} {'ratio':>6s} {'p25-p75':>11s} {'wall':>6s} {'step':>6s} "
         f"{'hit tokens s/g':>16s}"
     )
     results: list[tuple[str, float, float, float]] = []
     nets: list[tuple[str, float]] = []
     try:
-        for scenario, tenants in SCENARIOS:
+        for scenario, tenants, layout in SCENARIOS:
             label = f"{scenario}, {tenants} tenant{'s' if tenants > 1 else ''}"
+            name = f"{scenario}_{tenants}"
+            if layout != "full":
+                label, name = f"{layout} {label}", f"{layout}_{name}"
             variants = ("stock", "governed", "salted") if tenants > 1 else ("stock", "governed")
+            # us/blk over every group's blocks
+            blocks = n * (args.prompt // BS) * (2 if layout == "hybrid" else 1)
             for variant in variants:  # warm-up
-                bench.run(variant, scenario, tenants)
+                bench.run(variant, scenario, tenants, layout)
             pairs: list[dict[str, dict[str, float]]] = []
-            for r in range(rounds):
+            # the hybrid rows: half the pairs (at least 3), to keep make bench-vllm short
+            for r in range(rounds if layout == "full" else max(3, rounds // 2)):
                 order = variants[r % len(variants) :] + variants[: r % len(variants)]
                 if len(variants) == 2 and r % 2:
                     order = ("governed", "stock")
-                pairs.append({v: bench.run(v, scenario, tenants) for v in order})
+                pairs.append({v: bench.run(v, scenario, tenants, layout) for v in order})
             cpu = ratio_stats((p["stock"]["cpu"], p["governed"]["cpu"]) for p in pairs)
             wall = ratio_stats((p["stock"]["total"], p["governed"]["total"]) for p in pairs)
             step = ratio_stats((p["stock"]["step"], p["governed"]["step"]) for p in pairs)
@@ -356,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             s, g = med["stock"], med["governed"]
             print(
-                f"{label:22s} {s['cpu'] / n * 1e6:12.1f} {s['cpu'] / blocks * 1e6:7.2f} "
+                f"{label:24s} {s['cpu'] / n * 1e6:12.1f} {s['cpu'] / blocks * 1e6:7.2f} "
                 f"{g['cpu'] / n * 1e6:15.1f} {g['cpu'] / blocks * 1e6:7.2f} "
                 f"{cpu.median:6.3f} {cpu.p25:5.2f}-{cpu.p75:4.2f} {wall.median:6.3f} "
                 f"{step.median:6.3f} {int(s['hits']):>8d}/{int(g['hits']):<7d}"
@@ -384,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{net.median:.3f} ({net.p25:.2f}-{net.p75:.2f}), scheduler thread "
                     f"{net_thread.median:.3f}"
                 )
-                nets.append((f"{scenario}_{tenants}", net.median))
-            results.append((f"{scenario}_{tenants}", cpu.median, wall.median, step.median))
+                nets.append((name, net.median))
+            results.append((name, cpu.median, wall.median, step.median))
     finally:
         bench.close()
     print(
@@ -396,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         "built and queued there); other threads = the audit writer sealing, inserting, committing"
     )
     print("RESULT vllm_available=1")
-    worst = max(r[1] for r in results)
+    # the target (#28) is the full-attention stream's; the hybrid rows are reported beside it
+    worst = max(r[1] for r in results if not r[0].startswith("hybrid"))
     for name, ratio, wall_ratio, step_ratio in results:
         print(f"RESULT {name}_ratio={ratio:.3f}")
         print(f"RESULT {name}_wall_ratio={wall_ratio:.3f}")

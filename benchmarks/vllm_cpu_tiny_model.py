@@ -5,7 +5,12 @@ byte-level BPE tokenizer trained here on made-up text, with a chat template, so 
 and the OpenAI server accept text prompts and chat messages with no hub access. Outputs are
 meaningless; the KV cache is real (``benchmarks/vllm-cpu.md`` has what it runs on).
 
-    python vllm_cpu_tiny_model.py DIR      (in a venv with transformers and tokenizers)
+``write_hybrid`` writes a tiny Gemma-2-shaped model instead (the same tokenizer): four
+layers alternating sliding-window (64 tokens) and full attention, so vLLM builds two KV
+cache groups (its ``HybridKVCacheCoordinator`` with a ``SlidingWindowManager`` and a
+``FullAttentionManager``), and a prompt longer than the window slides it.
+
+    python vllm_cpu_tiny_model.py DIR [--hybrid]   (in a venv with transformers and tokenizers)
 """
 
 from __future__ import annotations
@@ -20,14 +25,58 @@ WORDS = [
 ]  # fmt: skip
 
 
+#: The sliding window of the hybrid model's window layers, tokens (two blocks of 32).
+HYBRID_WINDOW = 64
+
+
 def write(out: str) -> None:
-    """Write the config and the tokenizer into directory ``out``."""
+    """Write the OPT config and the tokenizer into directory ``out``."""
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     transformers.OPTConfig(architectures=["OPTForCausalLM"], torch_dtype="float32").save_pretrained(
         out
     )
+    write_tokenizer(out)
+
+
+def write_hybrid(out: str) -> None:
+    """Write the hybrid (Gemma-2-shaped) config and the tokenizer into directory ``out``.
+
+    The shape is that of a tiny Gemma 2 config measured to run on the ``vllm-cpu`` 0.32
+    build (kvgov's engine-facts notes, ``tiny-gemma2.json``): hidden 128, 4 heads of 32
+    over 2 KV heads, 4 layers alternating sliding (window 64) and full attention, the
+    soft-capping Gemma 2 ships with. The vocabulary is sized to this tokenizer.
+    """
+    import transformers
+
+    transformers.Gemma2Config(
+        architectures=["Gemma2ForCausalLM"],
+        vocab_size=1024,  # the tokenizer's 1,000 tokens
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=HYBRID_WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=2048,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype="float32",
+    ).save_pretrained(out)
+    write_tokenizer(out)
+
+
+def write_tokenizer(out: str) -> None:
+    """Train the tiny byte-level BPE tokenizer and save it (with a chat template) in ``out``."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     rng = random.Random(0)
     corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(2000)]
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -55,4 +104,8 @@ def write(out: str) -> None:
 
 
 if __name__ == "__main__":
-    write(sys.argv[1] if len(sys.argv) > 1 else "tiny-opt")
+    args = [a for a in sys.argv[1:] if a != "--hybrid"]
+    if "--hybrid" in sys.argv[1:]:
+        write_hybrid(args[0] if args else "tiny-gemma2")
+    else:
+        write(args[0] if args else "tiny-opt")

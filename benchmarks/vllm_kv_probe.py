@@ -12,6 +12,13 @@ executor there), so the probe sees the KV tensors only, not the scheduler's bloc
 a caller learns which blocks are owned or cached elsewhere (the governed engine's
 ``kvgov_call("state")``), or empties the prefix cache first (``reset_prefix_cache``),
 after which no block has an owner and every non-zero block is KV left behind.
+
+A model with several KV cache groups (hybrid full + sliding-window attention) has one
+pool of block ids for all of them; vLLM allocates each KV tensor once and lets one
+layer of every group view it (a block id belongs to one group's request at a time).
+The probe reads every layer, and reports per group too (``groups``: the group's
+attention type, its layers, and the blocks non-zero in the tensors its layers view),
+so a test can say that no group's tensors keep KV a block's last owner left.
 """
 
 from __future__ import annotations
@@ -19,22 +26,48 @@ from __future__ import annotations
 from typing import Any
 
 
-def kv_state(worker: Any) -> dict[str, Any]:
-    """In the worker: ``nonzero``, the block ids with a non-zero KV byte in any layer
-    (block 0, vLLM's null block, never holds KV); ``num_blocks``; ``shape`` of layer 0."""
+def _nonzero(kv: Any, num_blocks: int) -> set[int]:
     import torch
 
-    kv_caches = worker.model_runner.kv_caches
+    flat = kv.reshape(num_blocks, -1)
+    return set(torch.nonzero((flat != 0).any(dim=1)).flatten().tolist())
+
+
+def kv_state(worker: Any) -> dict[str, Any]:
+    """In the worker: ``nonzero``, the block ids with a non-zero KV byte in any layer
+    (block 0, vLLM's null block, never holds KV); ``num_blocks``; ``shape`` of layer 0;
+    ``groups``, per KV cache group: ``kind`` (its spec's class), ``layers``, ``nonzero``
+    (the blocks non-zero in its layers' tensors) and ``tensors`` (their distinct storages)."""
+    runner = worker.model_runner
+    kv_caches = runner.kv_caches
     num_blocks = int(kv_caches[0].shape[0])  # the CPU runner: blocks on dim 0
     nonzero: set[int] = set()
     for kv in kv_caches:
         assert int(kv.shape[0]) == num_blocks, [tuple(k.shape) for k in kv_caches]
-        flat = kv.reshape(num_blocks, -1)
-        nonzero.update(torch.nonzero((flat != 0).any(dim=1)).flatten().tolist())
+        nonzero |= _nonzero(kv, num_blocks)
+    context = runner.compilation_config.static_forward_context
+    groups = []
+    for group in runner.kv_cache_config.kv_cache_groups:
+        seen: set[int] = set()
+        group_nonzero: set[int] = set()
+        for name in group.layer_names:
+            kv = context[name].kv_cache
+            kv = kv[0] if isinstance(kv, (list, tuple)) else kv
+            seen.add(int(kv.data_ptr()))
+            group_nonzero |= _nonzero(kv, num_blocks)
+        groups.append(
+            {
+                "kind": type(group.kv_cache_spec).__name__,
+                "layers": list(group.layer_names),
+                "nonzero": sorted(group_nonzero),
+                "tensors": sorted(seen),
+            }
+        )
     return {
         "nonzero": sorted(nonzero),
         "num_blocks": num_blocks,
         "shape": list(kv_caches[0].shape),
+        "groups": groups,
     }
 
 

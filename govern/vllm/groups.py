@@ -9,6 +9,13 @@ one list of blocks per group, where a sliding-window (or chunked local) group
 pads the blocks outside its window with vLLM's null block. This module reads
 those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot
 govern (see docs/vllm.md, "What is refused, and why").
+
+On the CPU build the workers' zeroer clears the KV tensors of full-attention layers
+only (``CPUModelRunner._zero_block_ids``), where the GPU runner's clears every
+attention layer: a block of a sliding-window, chunked local or cross attention group
+reads zero after its zeroing only where a full-attention group's layers view the same
+bytes (vLLM lays every group's layers over one allocation from its first byte), which
+:func:`check_cpu_zeroing` checks.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vllm.platforms import current_platform
 from vllm.v1.core.kv_cache_coordinator import (
     HybridKVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
@@ -28,10 +36,17 @@ from vllm.v1.core.single_type_kv_cache_manager import (
     MambaManager,
     SlidingWindowManager,
 )
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
 
 from kvgov.exceptions import UnsupportedEngine
 
-__all__ = ["GOVERNED_MANAGERS", "check_groups", "hit_positions", "owned_blocks"]
+__all__ = [
+    "GOVERNED_MANAGERS",
+    "check_cpu_zeroing",
+    "check_groups",
+    "hit_positions",
+    "owned_blocks",
+]
 
 #: The managers whose blocks kvgov governs (exact types: vLLM's subclasses of the full
 #: attention manager, sink, R-SWA, circular buffers, HiSparse, keep refused).
@@ -57,7 +72,8 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
             attention layers only, so a freed state block would be ordered zeroed and
             never cleared; a manager outside :data:`GOVERNED_MANAGERS`; a coordinator
             kvgov does not know; a group whose block size is not the hash block size
-            (partial-block prefix caching).
+            (partial-block prefix caching); on the CPU build, a group whose blocks
+            the workers' zeroer would not clear (:func:`check_cpu_zeroing`).
     """
     if type(coordinator) not in _COORDINATORS:
         raise UnsupportedEngine(
@@ -85,6 +101,45 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
                 f"a hash block size of {hash_block_size} with blocks of {size} tokens",
                 "use one block size for every KV cache group",
             )
+    check_cpu_zeroing(kv_cache_config, on_cpu=current_platform.is_cpu())
+
+
+def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool) -> None:
+    """Refuse, on the CPU build, attention groups whose blocks its zeroer would not clear.
+
+    vLLM's CPU runner zeroes a block in the tensors of ``FullAttentionSpec`` layers only.
+    Every group's layers are laid over one allocation from its first byte, a block's
+    pages one layer after another, so a group's block is cleared where a full-attention
+    group's pages of that block span at least as many bytes. A configuration with no
+    KV tensors (no worker holds its KV: scheduler-only tests) has nothing to clear.
+
+    Raises:
+        UnsupportedEngine: on the CPU, a sliding-window, chunked local or cross attention
+            group and no full-attention group whose block spans as many bytes (a model
+            whose layers all have a window, or more window layers than full ones).
+    """
+    if not on_cpu or not getattr(kv_cache_config, "kv_cache_tensors", None):
+        return
+    full = 0
+    others: dict[str, int] = {}
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if not isinstance(spec, AttentionSpec):
+            continue
+        span = int(spec.page_size_bytes) * len(group.layer_names)
+        if isinstance(spec, FullAttentionSpec):
+            full = max(full, span)
+        else:
+            name = type(spec).__name__
+            others[name] = max(others.get(name, 0), span)
+    short = sorted(name for name, span in others.items() if span > full)
+    if short:
+        raise UnsupportedEngine(
+            f"on the CPU build, KV cache groups {short} whose blocks vLLM's CPU zeroer "
+            "would not clear (it clears full-attention layers' tensors only)",
+            "serve the model on a GPU, or one whose full-attention layers are at least "
+            "as many as its window layers (Gemma 2's alternating layers)",
+        )
 
 
 def hit_positions(hit_groups: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:

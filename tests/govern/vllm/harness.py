@@ -170,6 +170,7 @@ class Harness:
         specs: list[KVCacheSpec] | None = None,
         num_blocks: int = 200,
         retention_interval: int | None = None,
+        kv_cache_tensors: list[Any] | None = None,
         **config: Any,
     ) -> Any:
         vllm_config = self.config(num_blocks=num_blocks, **config)
@@ -180,7 +181,7 @@ class Harness:
         ]
         kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
-            kv_cache_tensors=[],
+            kv_cache_tensors=list(kv_cache_tensors or []),
             kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
         )
         if retention_interval is not None:  # vLLM's engine sets it from its cache config (0)

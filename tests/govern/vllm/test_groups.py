@@ -195,3 +195,53 @@ def test_mamba_state_groups_are_refused(vllm: Any) -> None:
     """vLLM's worker zeroer skips Mamba layers: a freed state block would stay readable."""
     with pytest.raises(UnsupportedEngine, match="Mamba"):
         vllm.scheduler(specs=_specs("full", "mamba"), caching=False)
+
+
+def _tensors(*layers: str) -> list[Any]:
+    """One KV tensor over ``layers``, as a real engine's config has (the check reads only
+    that there are some)."""
+    from vllm.v1.kv_cache_interface import KVCacheTensor
+
+    return [KVCacheTensor(size=1 << 20, layers=list(layers), layer_stride=1 << 10, block_stride=16)]
+
+
+@pytest.mark.parametrize("on_cpu", [True, False], ids=["cpu-runner", "other-runner"])
+def test_a_window_only_model_is_refused_on_the_cpu_build(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, on_cpu: bool
+) -> None:
+    """vLLM's CPU runner zeroes full-attention layers' tensors only: a model whose every
+    layer has a window would have its freed blocks ordered zeroed and never cleared, so
+    the CPU build refuses it; the GPU runner's zeroer clears every attention layer."""
+    from types import SimpleNamespace
+
+    from kvgov.govern.vllm import groups
+
+    monkeypatch.setattr(groups, "current_platform", SimpleNamespace(is_cpu=lambda: on_cpu))
+    if on_cpu:
+        with pytest.raises(UnsupportedEngine, match="CPU zeroer"):
+            vllm.scheduler(specs=_specs("sliding"), kv_cache_tensors=_tensors("layer0"))
+    else:
+        vllm.scheduler(specs=_specs("sliding"), kv_cache_tensors=_tensors("layer0"))
+    # beside full attention (one layer each, one allocation): the full layer's zeroing
+    # clears the window layer's bytes too (the e2e test reads it back on the CPU build)
+    vllm.scheduler(specs=_specs("full", "sliding"), kv_cache_tensors=_tensors("layer0", "layer1"))
+
+
+def test_more_window_layers_than_full_ones_are_refused_on_the_cpu_build() -> None:
+    """A window group spanning more bytes a block than the full-attention group: its
+    pages past the full layers' would stay unzeroed on the CPU build."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    from kvgov.govern.vllm.groups import check_cpu_zeroing
+
+    full, sliding = _specs("full", "sliding")
+    config = KVCacheConfig(
+        num_blocks=8,
+        kv_cache_tensors=_tensors("f", "s1", "s2"),
+        kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s1", "s2"], sliding)],
+    )
+    with pytest.raises(UnsupportedEngine, match="SlidingWindowSpec"):
+        check_cpu_zeroing(config, on_cpu=True)
+    check_cpu_zeroing(config, on_cpu=False)
+    config.kv_cache_tensors = []  # no worker holds KV (a scheduler-only configuration)
+    check_cpu_zeroing(config, on_cpu=True)

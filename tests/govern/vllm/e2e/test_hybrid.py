@@ -1,0 +1,247 @@
+"""A hybrid model on a real engine: full and sliding-window attention, two KV cache groups.
+
+The tiny Gemma-2-shaped model (``vllm_cpu_tiny_model.write_hybrid``: four layers,
+sliding-window (64 tokens, two blocks) and full attention alternating) served by
+``LLM(...)`` in-process on the CPU, stock (kvgov's plugin excluded) and governed, one
+engine each for the module. vLLM builds two KV cache groups (``HybridKVCacheCoordinator``:
+a ``SlidingWindowManager`` and a ``FullAttentionManager``) over one pool of block ids; the
+worker allocates each KV tensor once and lets a layer of each group view it.
+
+vLLM 0.32 keeps a sliding-window group's blocks cached only at checkpoints
+(``prefix_cache_retention_interval``; its default, 0, keeps almost none, and no prompt
+longer than the window hits): the engines keep one every 128 tokens, so a shared prefix
+hits (128 + 64 tokens) and the window's other blocks leave their request while it runs,
+uncached. Checks, each on both engines (stock is the control that shows the test sees
+the leak):
+
+* a second tenant's request of the same prompt is served 0 cached tokens (stock: 192);
+* after a request whose window slid, after capacity evictions and after
+  ``purge_tenant``, every block holding KV is one a request holds or the cache keeps,
+  in every group's tensors (``benchmarks/vllm_kv_probe.py`` reads them per group);
+* after vLLM's own ``reset_prefix_cache`` no block has an owner: governed, every group's
+  tensors read all zero; stock keeps the KV.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_cpu_env import BLOCK_SIZE, GOVERNED_SCHEDULER, KV_PROBE, MAX_MODEL_LEN, engine_env, prompt
+
+from .conftest import SECRET
+
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
+
+NUM_BLOCKS = 61  # small: a few distinct prompts evict
+RETENTION = 128  # tokens between the sliding-window checkpoints vLLM keeps cached
+KINDS = ["SlidingWindowSpec", "FullAttentionSpec"]  # the model's groups, in vLLM's order
+
+
+@pytest.fixture(scope="module")
+def hybrid_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import vllm_cpu_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-gemma2")
+    vllm_cpu_tiny_model.write_hybrid(str(out))
+    return out
+
+
+def _start(model: Path, governed: bool, audit_url: str) -> Any:
+    from vllm import LLM
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(engine_env(governed, {"KVGOV_KEY_SECRET": SECRET}))
+    try:
+        kwargs: dict[str, Any] = {}
+        if governed:
+            kwargs = {
+                "scheduler_cls": GOVERNED_SCHEDULER,
+                "additional_config": {"kvgov": {"audit_url": audit_url, "model_revision": "r1"}},
+            }
+        return LLM(
+            model=str(model),
+            load_format="dummy",
+            dtype="float32",
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            prefix_cache_retention_interval=RETENTION,
+            num_gpu_blocks_override=NUM_BLOCKS,
+            worker_extension_cls=KV_PROBE,
+            **kwargs,
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class Engines:
+    def __init__(self, stock: Any, governed: Any) -> None:
+        self.by_name = {"stock": stock, "governed": governed}
+        self.core = governed.llm_engine.engine_core
+
+    def generate(self, name: str, text: str, tenant: str, max_tokens: int = 4) -> int:
+        """One request; the prompt tokens it was served from the prefix cache."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            extra_args={
+                "kvgov_tenant": tenant,
+                "kvgov_classification": "internal",
+                "kvgov_template": "sys-v1",
+            },
+        )
+        (out,) = self.by_name[name].generate([text], params, use_tqdm=False)
+        assert out.outputs[0].finish_reason != "error", out
+        return int(out.num_cached_tokens or 0)
+
+    def kv(self, name: str) -> dict[str, Any]:
+        (state,) = self.by_name[name].collective_rpc("kvgov_kv_state")
+        return dict(state)
+
+    def per_group(self, name: str) -> dict[str, set[int]]:
+        """Per group (by its spec's kind): the blocks non-zero in its layers' tensors."""
+        return {g["kind"]: set(g["nonzero"]) for g in self.kv(name)["groups"]}
+
+    def pool(self) -> dict[str, Any]:
+        return dict(self.core.call_utility("kvgov_call", "state"))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.call_utility("kvgov_call", "stats"))
+
+    def remnants(self, settle: float = 5.0) -> dict[str, list[int]]:
+        """Governed, per group: blocks holding KV in the group's tensors that no request
+        holds and the cache does not keep (waits up to ``settle`` s for the idle engine's
+        zeroing step)."""
+        deadline = time.monotonic() + settle
+        while True:
+            pool = self.pool()
+            kept = set(pool["owned"]) | set(pool["cached"])
+            left = {kind: sorted(ids - kept) for kind, ids in self.per_group("governed").items()}
+            if not any(left.values()) or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def after_reset(self, name: str, settle: float = 5.0) -> dict[str, list[int]]:
+        """vLLM's ``reset_prefix_cache``, then per group the blocks still holding KV."""
+        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
+        deadline = time.monotonic() + (settle if name == "governed" else 1.0)
+        while True:
+            left = {kind: sorted(ids) for kind, ids in self.per_group(name).items()}
+            if not any(left.values()) or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def check_reset(self) -> None:
+        stock, governed = self.after_reset("stock"), self.after_reset("governed")
+        counts = {name: {k: len(v) for k, v in left.items()} for name, left in
+                  (("stock", stock), ("governed", governed))}  # fmt: skip
+        print(f"after reset_prefix_cache, blocks holding KV per group: {counts}")
+        assert all(stock[kind] for kind in KINDS), "control: stock leaves KV in every group"
+        assert governed == {kind: [] for kind in KINDS}, "governed: every group reads zero"
+
+
+@pytest.fixture(scope="module")
+def engines(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    audit_url = f"sqlite:///{tmp_path_factory.mktemp('hybrid') / 'audit.db'}"
+    started = time.monotonic()
+    stock = _start(hybrid_model, False, audit_url)
+    governed = None
+    try:
+        governed = _start(hybrid_model, True, audit_url)
+        print(f"\nLLM starts (both): {time.monotonic() - started:.0f} s")
+        yield Engines(stock, governed)
+    finally:
+        for llm in (governed, stock):
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
+
+
+def test_two_groups_one_pool(engines: Engines) -> None:
+    """vLLM built a sliding-window and a full-attention group; each KV tensor is viewed by a
+    layer of both, so a block id is one group's at a time."""
+    for name in engines.by_name:
+        state = engines.kv(name)
+        assert state["num_blocks"] == NUM_BLOCKS
+        assert [g["kind"] for g in state["groups"]] == KINDS, state["groups"]
+        sliding, full = state["groups"]
+        assert len(sliding["layers"]) == len(full["layers"]) == 2
+        assert sliding["tensors"] == full["tensors"]
+
+
+def test_no_kv_crosses_tenants_in_any_group(engines: Engines) -> None:
+    """The same prompt, longer than the window, from two tenants: stock serves the second
+    one the first one's KV (both groups' blocks), governed serves it nothing; the first
+    tenant's second request hits its own."""
+    text = prompt("hybrid shared", 200)
+    hits = {
+        name: [
+            engines.generate(name, text, "acme"),
+            engines.generate(name, text, "globex"),
+            engines.generate(name, text, "acme"),
+        ]
+        for name in engines.by_name
+    }
+    print(f"\ncached tokens acme, globex, acme: {hits}")
+    assert hits["stock"][1] > 2 * BLOCK_SIZE, "control: stock serves globex acme's KV"
+    assert hits["governed"][1] == 0
+    assert hits["governed"][2] == hits["stock"][2] > 0
+    assert engines.remnants() == {kind: [] for kind in KINDS}
+
+
+def test_window_slide_leaves_no_kv_behind(engines: Engines) -> None:
+    """A request of 350 tokens slides its 64-token window over 11 blocks: the window's
+    blocks it drops between the checkpoints leave their owner while it runs, uncached, and
+    read zero after it (besides each group's partial tail)."""
+    before = engines.stats()["tenants"].get("slider", {}).get("blocks_zeroized", 0)
+    cached_before = set(engines.pool()["cached"])
+    for name in engines.by_name:
+        engines.generate(name, prompt("hybrid slide", 100), "slider", max_tokens=250)
+    assert engines.remnants() == {kind: [] for kind in KINDS}
+    kept = set(engines.pool()["cached"]) - cached_before
+    zeroized = engines.stats()["tenants"]["slider"]["blocks_zeroized"] - before
+    used = 2 * -(-350 // BLOCK_SIZE)  # both groups' blocks: 11 each
+    print(f"\nslider: {used} blocks used, {len(kept)} kept cached, {zeroized} zeroized")
+    assert zeroized == used - len(kept), "every block that left the request is kept or zeroed"
+    assert zeroized > 2, "more than each group's tail: the window dropped blocks mid-request"
+    engines.check_reset()
+
+
+def test_evicted_blocks_read_zero_in_every_group(engines: Engines) -> None:
+    """Distinct prompts need more than the 61 blocks (two groups' blocks a prompt)."""
+    for i in range(8):  # 8 prompts of 16 blocks over both groups: 128 > 60
+        for name in engines.by_name:
+            engines.generate(name, prompt(f"hybrid evict {i}", 230), "initech")
+    evictions = engines.stats()["total"]["evictions"]
+    print(f"\ngoverned evictions {evictions}")
+    assert evictions.get("capacity", 0) > 0, "the prompts evicted cached blocks"
+    assert engines.remnants() == {kind: [] for kind in KINDS}
+    engines.check_reset()
+
+
+def test_purged_tenant_blocks_read_zero_in_every_group(engines: Engines) -> None:
+    """``purge_tenant`` drops the tenant's cached blocks of both groups and orders them
+    zeroed; the idle engine's next step zeroes them in the worker."""
+    text = prompt("hybrid purge", 200)
+    before = set(engines.pool()["cached"])
+    engines.generate("governed", text, "umbrella")
+    cached = set(engines.pool()["cached"]) - before
+    assert len(cached) > 200 // BLOCK_SIZE, "blocks of both groups cached"
+    report = engines.core.call_utility("kvgov_call", "purge_tenant", "umbrella")
+    assert report["blocks_zeroized"] >= len(cached), report
+    assert engines.remnants() == {kind: [] for kind in KINDS}
+    pool = engines.pool()
+    assert not cached & (set(pool["cached"]) | set(pool["owned"])), "purged from the cache"
+    for kind, ids in engines.per_group("governed").items():
+        assert not cached & ids, f"purged blocks read zero in the {kind} group's tensors"
+    assert engines.generate("governed", text, "umbrella") == 0, "nothing of umbrella is left"
