@@ -11,6 +11,9 @@ locks, evictions and checkpoints); what changes:
   ``extra_key`` kvgov did not issue matches nothing and is inserted in a
   namespace of its own;
 * the pages the tree takes are recorded as owned by the request's scope;
+* a hit (``match_prefix`` with its ``req``) is audited as reused; in a share
+  group's namespace each owner of another tenant is judged by the sharing policy
+  and the hit cut at the first refused page (SGLang matches again up to there);
 * the allocator is re-classed in place: every page it takes back
   (``_release_page_ids``: frees, evictions, duplicates an insert exposed) is
   zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
@@ -44,10 +47,15 @@ from kvgov.exceptions import UnsupportedEngine
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, revision_of
 from . import fence
-from .governance import SglangGovernance
+from .governance import Admitted, SglangGovernance
 from .keys import NAMESPACE_PREFIX
 
-__all__ = ["GovernedUnifiedRadixCache", "check_engine", "kvgov_radix_cache_factory"]
+__all__ = [
+    "GovernedUnifiedRadixCache",
+    "check_engine",
+    "check_params",
+    "kvgov_radix_cache_factory",
+]
 
 #: The namespace of keys kvgov did not issue, for matching: nothing is ever inserted there.
 _UNSCOPED = NAMESPACE_PREFIX + "unscoped"
@@ -65,15 +73,26 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
     kvgov_environ: Mapping[str, str] | None = None
 
     def __init__(self, params: Any) -> None:
+        check_params(params)
         super().__init__(params)
         allocator = params.token_to_kv_pool_allocator
         kv = allocator.get_kvcache()
         buffers = _kv_buffers(kv)
+        # kvgov's page is the allocator's (what it hands out and takes back); the tree's
+        # page is a multiple of it (equal but under test fixtures that pair a paged tree
+        # with SGLang's page-size-1 allocator)
+        unit = int(allocator.page_size)
+        if unit <= 0 or int(params.page_size) % unit:
+            raise UnsupportedEngine(
+                f"a tree page of {params.page_size} tokens over allocator pages of {unit}",
+                "use the allocator SGLang builds for the tree's page size",
+            )
+        self.kvgov_unit = unit
         self.kvgov = SglangGovernance.open(
             allocator=allocator,
             buffers=buffers,
-            page_size=int(params.page_size),
-            num_pages=int(allocator.num_pages),
+            page_size=unit,
+            num_pages=int(allocator.size) // unit,
             engine=self.kvgov_engine,
             environ=dict(os.environ if self.kvgov_environ is None else self.kvgov_environ),
         )
@@ -87,16 +106,16 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
 
     def kvgov_admit(self, req: Any) -> str:
         """The request's namespace, admitting it the first time (rewrites its keys)."""
-        ns: str | None = getattr(req, _ADMITTED, None)
-        if ns is not None:
-            return ns
-        decided = self.kvgov.admit(req)
-        ns = decided.namespace
-        if decided.scope is not None:
-            self.kvgov_namespaces[ns] = (decided.scope, decided.ttl)
+        adm: Admitted | None = getattr(req, _ADMITTED, None)
+        if adm is not None:
+            return adm.namespace
+        adm = self.kvgov.admit(req)
+        ns = adm.namespace
+        if adm.scope is not None:
+            self.kvgov_namespaces[ns] = (adm.scope, adm.ttl)
         req.extra_key = ns
         req.cache_salt = None
-        setattr(req, _ADMITTED, ns)
+        setattr(req, _ADMITTED, adm)
         return ns
 
     def _kvgov_key(self, key: RadixKey, req: Any, *, inserting: bool) -> RadixKey:
@@ -112,8 +131,32 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         )
 
     def match_prefix(self, params: MatchPrefixParams) -> Any:
-        params.key = self._kvgov_key(params.key, params.req, inserting=False)
-        return super().match_prefix(params)
+        req = params.req
+        params.key = key = self._kvgov_key(params.key, req, inserting=False)
+        result = super().match_prefix(params)
+        if req is None or not result.device_prefix_len:
+            return result
+        adm: Admitted | None = getattr(req, _ADMITTED, None)
+        if adm is None or adm.view is None or key.extra_key != adm.namespace:
+            return result
+        # the hit's pages, judged per owner in a share group and audited as reused;
+        # a refused owner cuts the hit: SGLang matches again up to the kept pages, so
+        # the node the scheduler locks is the end of what the request may use
+        unit = self.kvgov_unit
+        n = int(result.device_prefix_len)
+        pages = (self.path_device_indices(result.last_device_node)[:n:unit] // unit).tolist()
+        keep = self.kvgov.judge_hit(adm, pages)
+        if keep < len(pages):
+            cut = keep * unit
+            params.key = RadixKey(
+                key.token_ids,
+                key.extra_key,
+                is_bigram=key.is_bigram,
+                limit=cut - cut % self.page_size,
+                cache_salt=None,
+            )
+            result = super().match_prefix(params)
+        return result
 
     def touch_prefix(self, key: RadixKey) -> None:
         super().touch_prefix(self._kvgov_key(key, None, inserting=False))
@@ -130,13 +173,21 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         value = params.value
         if owner is not None and isinstance(value, torch.Tensor):
             # the pages past the matched prefix (already owned) are the request's new ones;
-            # a value is page-aligned, so its every page_size-th slot names each page once
-            page = self.page_size
+            # a value is page-aligned, so its every unit-th slot names each page once
+            page = self.kvgov_unit
             start = int(params.prev_prefix_len or 0)
             start -= start % page
             if value.numel() > start:
                 self.kvgov.owned((value[start::page] // page).tolist(), *owner)
         return result
+
+    def init_hicache(self, server_args: Any, params: Any) -> None:
+        """Refused: HiCache's host and storage tiers would keep KV in plaintext.
+
+        Raises:
+            UnsupportedEngine: always.
+        """
+        raise UnsupportedEngine(_HICACHE, "run without --enable-hierarchical-cache")
 
     def reset(self) -> None:
         super().reset()
@@ -184,6 +235,40 @@ def _kv_buffers(kv: Any) -> list[torch.Tensor]:
     return buffers
 
 
+_HICACHE = (
+    "HiCache (--enable-hierarchical-cache): SGLang's host and storage tiers keep "
+    "plaintext KV and its storage backends name pages by unkeyed hashes"
+)
+
+
+def check_params(params: Any) -> None:
+    """Refuse a tree kvgov cannot govern (the cache's own check, before it is built).
+
+    Raises:
+        UnsupportedEngine: a disabled tree (SGLang serves ``--disable-radix-cache``
+            with its chunk cache, which kvgov does not zero), KV cache events (they
+            publish cached pages' token ids), or a tree of other components than
+            full attention (SWA, Mamba: hybrid models).
+    """
+    if getattr(params, "disable", False):
+        raise UnsupportedEngine(
+            "a disabled radix cache (nothing would zero the pages it frees)",
+            "serve with the radix cache on (without --disable-radix-cache)",
+        )
+    if getattr(params, "enable_kv_cache_events", False):
+        raise UnsupportedEngine(
+            "KV cache events (--kv-events-config): they publish cached pages' token ids",
+            "run without --kv-events-config",
+        )
+    components = getattr(params, "tree_components", None)
+    if components is not None and {getattr(c, "name", c) for c in components} != {"FULL"}:
+        names = sorted(str(getattr(c, "name", c)) for c in components)
+        raise UnsupportedEngine(
+            f"a radix tree of components {names} (a hybrid SWA or Mamba model)",
+            "serve a full-attention model",
+        )
+
+
 def check_engine(ctx: Any) -> None:
     """Refuse, at start, what would let KV or token ids leave ungoverned.
 
@@ -192,18 +277,9 @@ def check_engine(ctx: Any) -> None:
             yet registered as an SGLang storage backend, and SGLang writes plaintext
             pages), KV cache events (they publish cached token ids), a hybrid model.
     """
-    params = ctx.params
     if getattr(ctx, "enable_hierarchical_cache", False):
-        raise UnsupportedEngine(
-            "HiCache (--enable-hierarchical-cache): SGLang's host and storage tiers keep "
-            "plaintext KV and its storage backends name pages by unkeyed hashes",
-            "run without --enable-hierarchical-cache",
-        )
-    if getattr(params, "enable_kv_cache_events", False):
-        raise UnsupportedEngine(
-            "KV cache events (--kv-events-config): they publish cached pages' token ids",
-            "run without --kv-events-config",
-        )
+        raise UnsupportedEngine(_HICACHE, "run without --enable-hierarchical-cache")
+    check_params(ctx.params)
     if getattr(ctx, "is_hybrid_swa", False) or getattr(ctx, "is_hybrid_ssm", False):
         raise UnsupportedEngine("a hybrid (SWA or Mamba) model", "serve a full-attention model")
 

@@ -3,12 +3,12 @@
 SGLang gives kvgov a public way in (a general plugin, ``register_radix_cache_backend``,
 ``create_unified_radix_cache(ctx, cache_class=...)``, a subclass of ``UnifiedRadixCache``
 that overrides its public methods), but zeroing every page that leaves an owner
-needs one private path of SGLang's allocator: ``_release_page_ids``, where every
-page the allocator takes back passes (frees, evictions, the duplicates an insert
-exposed). This module is the only place in kvgov that reads, writes, calls,
-overrides or re-classes a private name of SGLang; ``tests/govern/vllm/test_fence.py``
-fails on one used anywhere else (each engine's private names only in that
-engine's fence).
+needs the allocator re-classed, and for the paged allocator one private path:
+``_release_page_ids``, where every page it takes back passes (frees, evictions, the
+duplicates an insert exposed); the page-size-1 allocator's is its public ``free``.
+This module is the only place in kvgov that reads, writes, calls, overrides or
+re-classes a private name of SGLang; ``tests/govern/vllm/test_fence.py`` fails on
+one used anywhere else (each engine's private names only in that engine's fence).
 
 :data:`TOUCHED` lists every name, with where it lives in SGLang, why kvgov needs
 it and what differs by version; docs/sglang.md's table "What kvgov touches in
@@ -48,6 +48,22 @@ TOUCHED: tuple[Touch, ...] = (
         "duplicates): noted for zeroing before any alloc can hand it out again",
         _TESTED,
     ),
+    Touch(
+        "TokenToKVPoolAllocator",
+        "re-class",
+        "sglang.srt.mem_cache.allocator",
+        "the allocator SGLang builds for page size 1 becomes a governed subclass in place, "
+        "as the paged one does",
+        _TESTED,
+    ),
+    Touch(
+        "TokenToKVPoolAllocator.free",
+        "override",
+        "sglang.srt.mem_cache.allocator",
+        "page size 1 has no _release_page_ids: every slot it takes back passes through "
+        "free (free_page_ids and free_group_end call it), noted for zeroing there",
+        _TESTED,
+    ),
 )
 
 
@@ -57,26 +73,38 @@ TOUCHED: tuple[Touch, ...] = (
 def govern_allocator(
     allocator: Any, release: Callable[[Any], None], flush: Callable[[], Any]
 ) -> None:
-    """Re-class SGLang's paged allocator in place: released pages are noted, zeroed before reuse.
+    """Re-class SGLang's allocator in place: released pages are noted, zeroed before reuse.
 
     Args:
-        allocator: SGLang's ``PagedTokenToKVPoolAllocator`` (or a subclass).
-        release: called with each tensor of page ids the allocator takes back.
+        allocator: SGLang's ``PagedTokenToKVPoolAllocator`` or, for page size 1, its
+            ``TokenToKVPoolAllocator`` (or a subclass of either).
+        release: called with each tensor of page ids the allocator takes back (page
+            size 1: slot ids, which are its page ids).
         flush: called before every ``alloc*`` (zeroes what is pending; cheap when nothing is).
 
     Raises:
-        UnsupportedEngine: the allocator has no ``_release_page_ids`` (not paged).
+        UnsupportedEngine: another allocator (hybrid SWA, Mamba, sparse, ...).
     """
     base = type(allocator)
     if base in _GOVERNED.values():  # governed already (a second cache on the same pool)
         base = base.__mro__[1]
-    if not hasattr(base, "_release_page_ids"):
-        raise UnsupportedEngine(
-            f"the allocator {base.__name__} (not paged)", "run with a paged KV allocator"
-        )
     cls = _GOVERNED.get(base)
     if cls is None:
-        cls = type(f"Governed{base.__name__}", (base,), dict(_METHODS))
+        from sglang.srt.mem_cache.allocator import (
+            PagedTokenToKVPoolAllocator,
+            TokenToKVPoolAllocator,
+        )
+
+        if issubclass(base, PagedTokenToKVPoolAllocator):
+            methods = _PAGED_METHODS
+        elif issubclass(base, TokenToKVPoolAllocator) and int(allocator.page_size) == 1:
+            methods = _TOKEN_METHODS
+        else:
+            raise UnsupportedEngine(
+                f"the allocator {base.__name__}",
+                "run a full-attention model (SGLang's paged or page-size-1 allocator)",
+            )
+        cls = type(f"Governed{base.__name__}", (base,), dict(methods))
         _GOVERNED[base] = cls
     allocator.kvgov_release = release
     allocator.kvgov_flush = flush
@@ -102,7 +130,13 @@ def _flushing(name: str) -> Callable[..., Any]:
     return call
 
 
-_METHODS: dict[str, Any] = {
-    "_release_page_ids": _release_page_ids,
-    **{n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")},
-}
+def _free(self: Any, free_index: Any) -> None:
+    # a free group defers the slots to free_group_end, which frees them through here
+    if self.free_group is None and free_index.numel():
+        self.kvgov_release(free_index)
+    super(type(self), self).free(free_index)
+
+
+_ALLOCS: dict[str, Any] = {n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")}
+_PAGED_METHODS: dict[str, Any] = {"_release_page_ids": _release_page_ids, **_ALLOCS}
+_TOKEN_METHODS: dict[str, Any] = {"free": _free, **_ALLOCS}

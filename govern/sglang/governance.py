@@ -47,6 +47,7 @@ from kvgov.exceptions import (
     UnsupportedEngine,
 )
 
+from .. import sharing
 from ..assemble import open_parts
 from ..governor import Governor
 from ..keys import scope_digest
@@ -54,6 +55,7 @@ from ..refusal import describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
+from ..views import ScopeView
 from ..vllm.settings import BindingSettings
 from .keys import NAMESPACE_PREFIX, tree_namespace
 
@@ -62,6 +64,7 @@ __all__ = [
     "SCOPE_PATH",
     "SWEEP_INTERVAL",
     "ZERO_AUDIT_BATCH",
+    "Admitted",
     "PageZeroer",
     "SglangGovernance",
     "SglangPoolAdapter",
@@ -134,7 +137,7 @@ class PageZeroer:
         pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
         self.pending = []
         start = time.perf_counter()
-        pages = pages.to(self.buffers[0].device)
+        pages = pages.to(self.buffers[0].device, torch.int64)
         for buf in self._paged:
             buf.index_fill_(0, pages, 0)
         ids = pages.tolist()
@@ -286,11 +289,28 @@ def _checked(block_ids: Iterable[int], num: int) -> list[int]:
 
 @dataclass(slots=True)
 class Admitted:
-    """What the binding decided for one request."""
+    """What the binding decided for one request (kept on the request while it lives).
+
+    Attributes:
+        namespace: its tree namespace.
+        scope: its scope; None: refused, a private namespace, nothing shared.
+        ttl: retention of the pages it caches (None: none).
+        view: the scope's view where its hits are judged and audited (None: it
+            caches nothing shared, a private namespace).
+        seq_id: the request id (the audit trail's ``sequence_id``).
+        shared: it publishes and reads in a share group's namespace, where pages
+            of other tenants are judged per owner by the sharing policy.
+        reused: pages of its hit already audited as reused (a later match that
+            finds more audits only the rest).
+    """
 
     namespace: str
-    scope: CacheScope | None  # None: refused, private namespace, nothing shared
-    ttl: float | None = None  # retention of the pages it caches (None: none)
+    scope: CacheScope | None
+    ttl: float | None = None
+    view: ScopeView | None = None
+    seq_id: str = ""
+    shared: bool = False
+    reused: int = 0
 
 
 class SglangGovernance:
@@ -486,7 +506,64 @@ class SglangGovernance:
                 self._ns_cache[memo] = ns
         self._ns_root[ns] = root
         self._ns_scopes.setdefault(ns, set()).add(scope)
-        return Admitted(namespace=ns, scope=scope, ttl=plan.ttl)
+        return Admitted(
+            namespace=ns,
+            scope=scope,
+            ttl=plan.ttl,
+            view=view,
+            seq_id=seq_id,
+            shared=root != bytes(view.own_root),
+        )
+
+    # ------------------------------------------------------------------ hits
+
+    def judge_hit(self, adm: Admitted, pages: Sequence[int]) -> int:
+        """How many leading pages of a hit the request may use; the reuse is audited.
+
+        In a share group's namespace the hit may hold pages of other tenants: each
+        owner is judged by the sharing policy (:func:`kvgov.govern.sharing.judge`, one
+        decision per owner scope), the hit is cut at the first page whose owner is
+        refused (``share_denied``, audited). The pages kept that were not audited by
+        an earlier match of the same request are audited as reused (``reuse``, or
+        ``cross_tenant_reuse`` naming the granting decision), once per owner scope.
+        In the tenant's own namespace every page is the tenant's: no decision.
+
+        Never raises: a failure (an unowned page, the audit trail down for a
+        critical event) is logged and the hit refused (0), so nothing is shared
+        unjudged or unaudited.
+
+        Args:
+            adm: the request's admission (``adm.view`` not None).
+            pages: the page ids of the hit, in prefix order.
+
+        Returns:
+            The pages the request may use (a prefix of ``pages``).
+        """
+        view = adm.view
+        if view is None or not pages:
+            return 0
+        gov = self.gov
+        try:
+            if adm.shared:
+                verdict = sharing.judge(gov.ledger, gov.policy, gov.audit, view, pages, adm.seq_id)
+                keep, granted = verdict.keep, verdict.granted
+            else:
+                keep, granted = len(pages), {}
+            if keep > adm.reused:
+                sharing.audit_reuse(
+                    gov.ledger,
+                    gov.audit,
+                    self.zeroer.page_size,
+                    view,
+                    pages[adm.reused : keep],
+                    adm.seq_id,
+                    granted,
+                )
+                adm.reused = keep
+        except Exception:
+            _log.exception("kvgov: judging the hit of request %r failed; refusing it", adm.seq_id)
+            return 0
+        return keep
 
     # ------------------------------------------------------------------ pages
 

@@ -23,7 +23,10 @@ pytestmark = pytest.mark.sglang
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
-from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator import (  # noqa: E402
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     EvictParams,
     InsertParams,
@@ -42,11 +45,14 @@ PAGE = 16
 POOL = 2048  # tokens: 128 pages, so the streams evict
 
 
-def _build(governed: bool, tmp: Path) -> tuple[Any, Any, Any]:
+def _build(
+    governed: bool, tmp: Path, environ: dict[str, str] | None = None, page: int = PAGE
+) -> tuple[Any, Any, Any]:
+    """A cache over a 2-layer MHA pool; page 1 gets SGLang's page-size-1 allocator."""
     r2t = ReqToTokenPool(size=8, max_context_len=1024, device="cpu", enable_memory_saver=False)
     kv = MHATokenToKVPool(
         size=POOL,
-        page_size=PAGE,
+        page_size=page,
         dtype=torch.float32,
         head_num=1,
         head_dim=4,
@@ -54,14 +60,24 @@ def _build(governed: bool, tmp: Path) -> tuple[Any, Any, Any]:
         device="cpu",
         enable_memory_saver=False,
     )
-    alloc = PagedTokenToKVPoolAllocator(
-        size=POOL, page_size=PAGE, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False
-    )
+    if page == 1:
+        alloc = TokenToKVPoolAllocator(
+            size=POOL, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False
+        )
+    else:
+        alloc = PagedTokenToKVPoolAllocator(
+            size=POOL,
+            page_size=page,
+            dtype=torch.float32,
+            device="cpu",
+            kvcache=kv,
+            need_sort=False,
+        )
     params = CacheInitParams(
         disable=False,
         req_to_token_pool=r2t,
         token_to_kv_pool_allocator=alloc,
-        page_size=PAGE,
+        page_size=page,
         tree_components=(ComponentType.FULL,),
     )
     if not governed:
@@ -71,11 +87,14 @@ def _build(governed: bool, tmp: Path) -> tuple[Any, Any, Any]:
         "KVGOV_EPHEMERAL_SECRET": "1",
         "KVGOV_DEFAULT_CLASSIFICATION": "internal",
         "KVGOV_DEFAULT_TEMPLATE": "v1",
+        **(environ or {}),
     }
     return GovernedUnifiedRadixCache(params), alloc, kv
 
 
-def _req(i: int, tenant: str, toks: array, extra_key: str | None = None) -> SimpleNamespace:
+def _req(
+    i: int, tenant: str, toks: array, extra_key: str | None = None, **custom: str
+) -> SimpleNamespace:
     return SimpleNamespace(
         rid=f"r{i}",
         origin_input_ids=list(toks),
@@ -83,7 +102,7 @@ def _req(i: int, tenant: str, toks: array, extra_key: str | None = None) -> Simp
         extra_key=extra_key,
         cache_salt=None,
         session=None,
-        sampling_params=SimpleNamespace(custom_params={"kvgov_tenant": tenant}),
+        sampling_params=SimpleNamespace(custom_params={"kvgov_tenant": tenant, **custom}),
     )
 
 
@@ -169,8 +188,9 @@ def _drive_checkpoint(
 
 
 def _free_pages_read_zero(alloc: Any, kv: Any) -> bool:
+    page = int(alloc.page_size)
     free = alloc.get_all_free_pages()
-    slots = (free.unsqueeze(1) * PAGE + torch.arange(PAGE)).reshape(-1)
+    slots = (free.unsqueeze(1) * page + torch.arange(page)).reshape(-1)
     return all(bool((buf[slots] == 0).all()) for buf in (*kv.k_buffer, *kv.v_buffer))
 
 
@@ -192,6 +212,30 @@ def test_one_scope_matches_stock_and_freed_pages_read_zero(tmp_path: Path) -> No
     report = verify(f"sqlite:///{tmp_path}/audit.db")
     assert report.ok, report
     assert report.events > 0
+
+
+def test_page_size_one_matches_stock_and_freed_slots_read_zero(tmp_path: Path) -> None:
+    """SGLang's page-size-1 allocator (its own free path, no _release_page_ids) is governed."""
+    stream = _stream(40, seed=11)
+    stock, s_alloc, s_kv = _build(False, tmp_path, page=1)
+    gov, g_alloc, g_kv = _build(True, tmp_path, page=1)
+    try:
+        assert type(g_alloc).__name__ == "GovernedTokenToKVPoolAllocator"
+        want = _drive(stock, s_alloc, s_kv, [_req(i, "acme", t) for i, t in enumerate(stream)])
+        got = _drive(gov, g_alloc, g_kv, [_req(i, "acme", t) for i, t in enumerate(stream)])
+        assert got == want
+        assert sum(r[0] for r in want) > 0 and sum(r[1] for r in want) > 0  # hits and evictions
+        assert g_alloc.available_size() == s_alloc.available_size()
+        g_alloc.alloc(1)  # an allocation zeroes what is pending first
+        assert _free_pages_read_zero(g_alloc, g_kv)
+        assert not _free_pages_read_zero(s_alloc, s_kv)
+        assert gov.kvgov.gov.ledger.counters["acme"].blocks_zeroized > 0
+        other = _drive(gov, g_alloc, g_kv, [_req(99, "globex", stream[-1])])
+        assert other[0][0] == 0  # across scopes nothing matches at page size 1 either
+    finally:
+        gov.kvgov_close()
+    report = verify(f"sqlite:///{tmp_path}/audit.db")
+    assert report.ok, report
 
 
 def test_checkpoint_matches_stock_within_one_scope(tmp_path: Path) -> None:
