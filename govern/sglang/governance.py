@@ -550,6 +550,11 @@ class SglangGovernance:
             else:
                 keep, granted = len(pages), {}
             if keep > adm.reused:
+                # the admission was recorded before any hit (SGLang matches after it):
+                # the hit's tokens count here, once per request as the reuse is audited
+                gov.ledger.counters[view.scope.tenant].hit_tokens += (
+                    keep - adm.reused
+                ) * self.zeroer.page_size
                 sharing.audit_reuse(
                     gov.ledger,
                     gov.audit,

@@ -72,7 +72,9 @@ def test_a_granted_owner_is_reused_and_audited_naming_both_tenants(tmp_path: Pat
         (event,) = _events(cache, url, "cross_tenant_reuse")  # audited once per request
         assert (event.tenant, event.requester_tenant) == ("bank", "clinic")
         assert event.reused_tokens == 19 * PAGE and event.decision_id
-        assert cache.kvgov.gov.ledger.counters["clinic"].cross_tenant_reuses == 1
+        counters = cache.kvgov.gov.ledger.counters["clinic"]
+        assert counters.cross_tenant_reuses == 1
+        assert counters.hit_tokens == 19 * PAGE  # counted once, as the reuse is audited
         # the publisher's own next request: a reuse of its own pages, no decision
         _match(cache, _public(2, "bank", prompt))
         (own,) = _events(cache, url, "reuse")
