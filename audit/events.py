@@ -15,7 +15,7 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Final
@@ -28,8 +28,11 @@ __all__ = [
     "CRITICAL_EVENT_TYPES",
     "FIELDS",
     "FORBIDDEN_DETAIL_KEYS",
+    "RECORD_FIELDS",
     "AuditEvent",
     "EventType",
+    "event_from_record",
+    "event_record",
 ]
 
 #: The scalar fields a caller gives after ``type``, in the order the chain hashes them
@@ -374,3 +377,29 @@ class AuditEvent:
         else:
             raise InvalidAuditEvent("details", "must be a mapping")
         object.__setattr__(self, "details", cleaned)
+
+
+#: Every field of :class:`AuditEvent`, in declaration order: the layout of a compact record.
+RECORD_FIELDS: Final = tuple(f.name for f in fields(AuditEvent))
+#: ``event -> tuple`` of :data:`RECORD_FIELDS` in one C call (the hand-off to a writer process).
+event_record: Final = attrgetter(*RECORD_FIELDS)
+_SET: Final = object.__setattr__
+
+
+def event_from_record(record: tuple[Any, ...]) -> AuditEvent:
+    """Rebuild an event from :data:`event_record`'s tuple of an event already validated.
+
+    For the audit writer process (:mod:`kvgov.audit.writer_process`), whose records come
+    from its engine over a pipe only the two hold: the engine built (and so validated)
+    each event, so this sets the fields without checking them again. Anything else
+    builds events with :class:`AuditEvent`.
+
+    Raises:
+        InvalidAuditEvent: the tuple is not a record (wrong length or event type).
+    """
+    if len(record) != len(RECORD_FIELDS) or record[0] not in _EVENT_TYPES:
+        raise InvalidAuditEvent("event", "not a compact audit record")
+    event = object.__new__(AuditEvent)
+    for name, value in zip(RECORD_FIELDS, record, strict=True):
+        _SET(event, name, value)
+    return event

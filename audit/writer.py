@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 from sqlalchemy import Engine
@@ -96,6 +96,10 @@ _log = structlog.get_logger("kvgov.audit")
 
 #: Seconds between the starts of two writer passes (sooner when woken: a critical event, a flush).
 WRITER_INTERVAL_SECONDS: Final = 0.05
+#: Where an ``AuditLog`` seals and stores: ``"thread"`` (this process, a background
+#: thread) or ``"process"`` (an audit writer process of its own, :mod:`kvgov.audit.handoff`).
+WriterKind = Literal["thread", "process"]
+WRITERS: Final = ("thread", "process")
 #: Least seconds after a database failure before it is tried again (events are spooled
 #: meanwhile); doubled per failure in a row up to the max, plus jitter (kvgov.retry).
 DB_RETRY_SECONDS, DB_RETRY_MAX_SECONDS = 1.0, 30.0
@@ -144,6 +148,10 @@ class AuditLog:
         max_queue_age: seconds an event may stay only in memory behind a database
             call that has not returned before it is spooled.
         statement_timeout: seconds one database statement may run.
+        writer: ``"thread"`` (the default: a writer thread in this process) or
+            ``"process"``: a writer process of its own seals and stores, the caller's
+            cost per event is a hand-off (:class:`kvgov.audit.handoff.ProcessAuditLog`,
+            which this then is; docs/audit.md, "The writer process").
 
     Raises:
         AuditSchemaError: the database is not at the head revision.
@@ -151,6 +159,15 @@ class AuditLog:
         InvalidAuditEvent: an argument is out of range (named in ``field``).
         SigningKeyError: the configured signing key cannot be loaded.
     """
+
+    def __new__(cls, *args: Any, writer: str = "thread", **kwargs: Any) -> AuditLog:
+        if writer not in WRITERS:
+            raise InvalidAuditEvent("writer", f"must be one of {', '.join(WRITERS)}, got {writer!r}")
+        if writer == "process" and cls is AuditLog:
+            from kvgov.audit.handoff import ProcessAuditLog  # it imports this module
+
+            return super().__new__(ProcessAuditLog)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -169,6 +186,7 @@ class AuditLog:
         critical_deadline: float = AUDIT_CRITICAL_DEADLINE_SECONDS,
         max_queue_age: float = AUDIT_MAX_QUEUE_AGE_SECONDS,
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
+        writer: WriterKind = "thread",
     ) -> None:
         stream = worker_id if worker_id is not None else derive_stream_id()
         problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
