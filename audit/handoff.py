@@ -20,8 +20,9 @@
                                    which continues the chain; the
                                    retained records are sent again
 
-The engine's cost per event is the hand-off: one tuple of the event's fields
-(:data:`kvgov.audit.events.event_record`, a C call) appended under a lock. The
+The engine's cost per event is the hand-off: the event appended under a lock, and on
+the sender thread one tuple of its fields (:data:`kvgov.audit.events.event_record`, a
+C call) pickled with the batch and written to the pipe. The
 writer process seals (hash chain, signatures), stores and spools with the same rules
 as the in-process writer, whose code it runs (:mod:`kvgov.audit.writer_process`).
 
@@ -91,7 +92,8 @@ STARTUP_SECONDS: Final = 60.0
 #: Least and most seconds between two attempts to start a writer after one died.
 RESTART_SECONDS, RESTART_MAX_SECONDS = 0.05, 5.0
 
-#: (seq, time_us, record) or, for a writer's own gap event, (seq, time_us, record, token)
+#: (seq, time_us, event) until handed over, then (seq, time_us, record); a writer's own
+#: gap event is (seq, time_us, record, token)
 Item = tuple[Any, ...]
 
 
@@ -255,15 +257,14 @@ class ProcessAuditLog(AuditLog):
         """
         if type(event) is not AuditEvent:
             raise InvalidAuditEvent("event", "record() takes an audit.AuditEvent")
-        record = event_record(event)
         with self._lock:
             if self._closed:
                 raise AuditUnavailable("the audit log is closed")
             seq = self._next_seq
             self._next_seq = seq + 1
             pending = self._pending
-            pending.append((seq, round(self._clock() * 1_000_000), record))
-        if record[0] in CRITICAL_EVENT_TYPES:
+            pending.append((seq, round(self._clock() * 1_000_000), event))
+        if event.type in CRITICAL_EVENT_TYPES:
             self._await_durable(seq)
         else:
             n = len(pending)
@@ -277,13 +278,12 @@ class ProcessAuditLog(AuditLog):
         """Hand an event over now (its chain place is fixed); ``wait()`` makes it durable."""
         if type(event) is not AuditEvent:
             raise InvalidAuditEvent("event", "record() takes an audit.AuditEvent")
-        record = event_record(event)
         with self._lock:
             if self._closed:
                 raise AuditUnavailable("the audit log is closed")
             seq = self._next_seq
             self._next_seq = seq + 1
-            self._pending.append((seq, round(self._clock() * 1_000_000), record))
+            self._pending.append((seq, round(self._clock() * 1_000_000), event))
         self._wake.set()
         return Deferred(f"{self._stream}:{seq}", lambda: self._await_durable(seq))
 
@@ -510,6 +510,8 @@ class ProcessAuditLog(AuditLog):
             with self._lock:
                 items, self._pending = self._pending, []
                 controls, self._controls = self._controls, []
+            # the compact records: each event's fields as one tuple (a C call an event)
+            items = [(i[0], i[1], event_record(i[2])) if len(i) == 3 else i for i in items]
             with self._cv:
                 self._retained.extend(items)
                 down = self._down is not None

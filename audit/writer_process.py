@@ -27,6 +27,7 @@ engine's next start records the ``audit_gap`` for what it held only in memory.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -222,6 +223,11 @@ def main() -> int:
         send(_error_frame(exc))
         return 1
     log.attach()
+    # each frame unpickles thousands of tuples: with the default thresholds the cyclic
+    # collector would run every few hundred records, over everything the imports made
+    # (this process makes no cycles of its own in steady state)
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 50)
     send(("READY", log.head_seq, log.key_id, str(log.spool_path)))
     acker = _Acknowledger(log, send)
     acker.push(force=True)
