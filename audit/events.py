@@ -380,7 +380,6 @@ class AuditEvent:
         object.__setattr__(self, "details", cleaned)
 
 
-
 #: Every field of :class:`AuditEvent`, in declaration order: the layout of a compact record.
 RECORD_FIELDS: Final = tuple(f.name for f in fields(AuditEvent))
 #: ``event -> tuple`` of :data:`RECORD_FIELDS` in one C call (the hand-off to a writer process).
@@ -433,4 +432,4 @@ def event_from_record(record: tuple[Any, ...]) -> CompactEvent:
     return _NEW(CompactEvent, record)
 
 
-assert CompactEvent._fields == RECORD_FIELDS  # noqa: S101 - the two layouts are one
+assert CompactEvent._fields == RECORD_FIELDS  # the two layouts are one

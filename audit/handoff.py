@@ -58,7 +58,6 @@ from typing import IO, Any, Final
 import structlog
 from sqlalchemy.engine import URL
 
-import kvgov
 from kvgov.audit.durability import AuditStats, Deferred, Recorded, positive_seconds
 from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent, event_record
 from kvgov.audit.signing import SigningKey, load_signing_key
@@ -216,7 +215,8 @@ class ProcessAuditLog(AuditLog):
         self._link = link
         self._durable = self._stored = link.head
         self._next_seq = link.head + 1
-        self._stats = AuditStats(stream, link.head, link.head, link.head, 0, 0, 0, 0, (), None, None)
+        head = link.head
+        self._stats = AuditStats(stream, head, head, head, 0, 0, 0, 0, (), None, None)
         self._sender = threading.Thread(
             target=self._send_loop, name=f"kvgov-audit-handoff-{stream}", daemon=True
         )
@@ -437,7 +437,8 @@ class ProcessAuditLog(AuditLog):
                 not start within ``STARTUP_SECONDS``.
         """
         env = dict(os.environ)
-        root = str(Path(kvgov.__file__).resolve().parents[1])  # where this kvgov lives
+        package = sys.modules["kvgov"].__file__  # where this kvgov lives: the writer's too
+        root = str(Path(str(package)).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvgov.audit.writer_process"],

@@ -162,7 +162,8 @@ class AuditLog:
 
     def __new__(cls, *args: Any, writer: str = "thread", **kwargs: Any) -> AuditLog:
         if writer not in WRITERS:
-            raise InvalidAuditEvent("writer", f"must be one of {', '.join(WRITERS)}, got {writer!r}")
+            known = ", ".join(WRITERS)
+            raise InvalidAuditEvent("writer", f"must be one of {known}, got {writer!r}")
         if writer == "process" and cls is AuditLog:
             from kvgov.audit.handoff import ProcessAuditLog  # it imports this module
 

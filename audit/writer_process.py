@@ -37,7 +37,12 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvgov.audit.durability import RunMarker, marker_path, quarantine_gap_event
-from kvgov.audit.events import CRITICAL_EVENT_TYPES, event_from_record, event_record
+from kvgov.audit.events import (
+    CRITICAL_EVENT_TYPES,
+    AuditEvent,
+    event_from_record,
+    event_record,
+)
 from kvgov.audit.persist import Refusal
 from kvgov.audit.signing import SigningKey
 from kvgov.audit.wire import WireClosed, read_frame, write_frame
@@ -136,9 +141,9 @@ class HandoffLog(AuditLog):
             pending = [*self._gaps_out.values(), *(r for _, r in self._gaps_new)]
             self._gaps_out.clear()
             self._gaps_new.clear()
-        for record in pending:
+        for record in pending:  # an AuditEvent again (validated: this process made it)
             with contextlib.suppress(AuditUnavailable):
-                self._enqueue(event_from_record(record))
+                self._enqueue(AuditEvent(*record))
 
     def take_gaps(self) -> list[tuple[int, tuple[Any, ...]]]:
         """Gap events to hand to the engine for numbering (each once)."""

@@ -22,9 +22,17 @@ and step, model outputs built outside them:
 * **flush** (governed): the audit writer's batch committed at the end of the run, so its
   background work is paid inside the measurement, as on a busy server.
 
-The CPU time is also split by thread: the scheduler's (the steps above, audit events
-built and queued) and the others (the audit writer: sealing, inserting, committing;
-its keeper). The reset between runs (every block of the last run evicted and ordered
+The governed engine runs once per audit writer (``--audit-writer``, both by default,
+side by side in every round): ``process``, the binding's default, whose writer process
+seals and stores while the engine core only hands each event over, and ``thread``, the
+writer thread inside the engine core. The CPU time is also split: the scheduler's
+thread (the steps above, audit events built and queued), the engine core's other
+threads (``thread``: the audit writer sealing, inserting, committing, its keeper;
+``process``: the hand-off's sender and acknowledgement reader) and, for ``process``,
+the writer process (from /proc). ``ratio`` is the engine-core process's CPU, governed /
+stock: the writer process is reported beside it, not in it.
+
+The reset between runs (every block of the last run evicted and ordered
 zeroed) is written to the audit trail before the clock starts.
 
 Scenarios: distinct prompts (no prefix hits), one shared prompt (every request after the
@@ -90,7 +98,12 @@ class Bench:
     """Both schedulers on one config-only model; requests, runs, rounds."""
 
     def __init__(
-        self, requests: int, prompt: int, workdir: Path, audit_url: str | None = None
+        self,
+        requests: int,
+        prompt: int,
+        workdir: Path,
+        audit_url: str | None = None,
+        writers: tuple[str, ...] = ("process", "thread"),
     ) -> None:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ["KVGOV_KEY_SECRET"] = "bench-secret-" + "x" * 32
@@ -125,17 +138,14 @@ class Bench:
         KVCacheConfig.needs_kv_cache_zeroing = original
         self.stock = self._scheduler(Scheduler)
         KVCacheConfig.needs_kv_cache_zeroing = forced
-        self.governed = self._scheduler(GovernedScheduler)
-        self.hashers = {
-            "stock": self.stock_hasher,
-            "governed": deferred_block_hasher,
-            "salted": self.stock_hasher,
-        }
+        self.governed = {f"governed-{w}": self._scheduler(GovernedScheduler, w) for w in writers}
+        self.hashers = {"stock": self.stock_hasher, "salted": self.stock_hasher}
+        self.hashers |= dict.fromkeys(self.governed, deferred_block_hasher)
         # "salted": stock vLLM, each tenant's prompts under its own cache_salt
-        self.scheds = {"stock": self.stock, "governed": self.governed, "salted": self.stock}
+        self.scheds = {"stock": self.stock, "salted": self.stock, **self.governed}
         self._prompts: dict[str, list[list[int]]] = {}
 
-    def _scheduler(self, cls: Any) -> Any:
+    def _scheduler(self, cls: Any, writer: str = "process") -> Any:
         import torch
         from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -158,7 +168,14 @@ class Bench:
                 is_encoder_decoder=False,
             ),
             cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
-            additional_config={"kvgov": {"audit_url": self.audit_url, "model_revision": "bench"}},
+            additional_config={
+                "kvgov": {
+                    "audit_url": self.audit_url,
+                    "model_revision": "bench",
+                    "audit_writer": writer,
+                    "worker_id": f"bench-{writer}",
+                }
+            },
         )
         vllm_config.cache_config.num_gpu_blocks = num_blocks
         register_all_kvcache_specs(vllm_config)
@@ -219,8 +236,10 @@ class Bench:
         hits = 0
         pending = list(range(self.n))
         clock = time.perf_counter
+        writer_pid = getattr(binding.gov.audit, "writer_pid", None) if binding else None
         gc.collect()
         gc.disable()  # vLLM's engine freezes its GC heap; keep collector pauses out of both
+        proc0 = process_cpu(writer_pid)
         cpu0 = time.process_time()
         thread0 = time.thread_time()
         wall0 = clock()
@@ -268,6 +287,8 @@ class Bench:
         t["cpu"] = time.process_time() - cpu0
         # of which this (the scheduler's) thread; the rest is the audit writer's threads
         t["thread"] = time.thread_time() - thread0
+        # the writer process's CPU over the run (its flush at the end included)
+        t["writer_proc"] = process_cpu(writer_pid) - proc0
         t["wall"] = clock() - wall0
         t["total"] = sum(t[k] for k in TIMERS)
         t["step"] = t["schedule"] + t["update"]
@@ -275,7 +296,19 @@ class Bench:
         return t
 
     def close(self) -> None:
-        self.governed.shutdown()
+        for sched in self.governed.values():
+            sched.shutdown()
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc; 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pin(cpu: int | None) -> int | None:
@@ -305,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the governed engine's audit database (a SQLite file in a temporary directory; "
         "a PostgreSQL one must be at the schema head: kvgov db upgrade URL)",
     )
+    parser.add_argument(
+        "--audit-writer",
+        choices=("process", "thread", "both"),
+        default="both",
+        help="the governed engine's audit writer (both: each in every round, side by side)",
+    )
     parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.requests < 0 or args.prompt < BS:
@@ -320,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-"))
-    bench = Bench(n, args.prompt, workdir, args.audit_url)
+    writers = ("process", "thread") if args.audit_writer == "both" else (args.audit_writer,)
+    bench = Bench(n, args.prompt, workdir, args.audit_url, writers)
     blocks = n * (args.prompt // BS)
     print(
         f"vLLM {vllm.__version__} scheduler, no model, CPU {cpu if cpu is not None else 'any'}: "
@@ -329,80 +369,99 @@ def main(argv: list[str] | None = None) -> int:
         f"{bench.audit_url.partition(':')[0]}"
     )
     print(
-        f"{'scenario':22s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "
-        f"{'us/blk':>7s} {'ratio':>6s} {'p25-p75':>11s} {'wall':>6s} {'step':>6s} "
-        f"{'hit tokens s/g':>16s}"
+        f"{'scenario [audit writer]':32s} {'stock us/req':>12s} {'us/blk':>7s} "
+        f"{'governed us/req':>15s} {'us/blk':>7s} {'ratio':>6s} {'p25-p75':>11s} "
+        f"{'wall':>6s} {'step':>6s} {'hit tokens s/g':>16s}"
     )
-    results: list[tuple[str, float, float, float]] = []
-    nets: list[tuple[str, float]] = []
+    results: list[tuple[str, str, float, float, float]] = []
+    nets: list[tuple[str, str, float]] = []
+    extra: list[str] = []
+    govs = tuple(f"governed-{w}" for w in writers)
     try:
         for scenario, tenants in SCENARIOS:
             label = f"{scenario}, {tenants} tenant{'s' if tenants > 1 else ''}"
-            variants = ("stock", "governed", "salted") if tenants > 1 else ("stock", "governed")
+            variants = ("stock", *govs, "salted") if tenants > 1 else ("stock", *govs)
             for variant in variants:  # warm-up
                 bench.run(variant, scenario, tenants)
             pairs: list[dict[str, dict[str, float]]] = []
-            for r in range(rounds):
+            for r in range(rounds):  # each variant first in turn
                 order = variants[r % len(variants) :] + variants[: r % len(variants)]
-                if len(variants) == 2 and r % 2:
-                    order = ("governed", "stock")
                 pairs.append({v: bench.run(v, scenario, tenants) for v in order})
-            cpu = ratio_stats((p["stock"]["cpu"], p["governed"]["cpu"]) for p in pairs)
-            wall = ratio_stats((p["stock"]["total"], p["governed"]["total"]) for p in pairs)
-            step = ratio_stats((p["stock"]["step"], p["governed"]["step"]) for p in pairs)
             med = {
                 v: {k: _median([p[v][k] for p in pairs]) for k in pairs[0][v]}
-                for v in ("stock", "governed")
+                for v in ("stock", *govs)
             }
-            s, g = med["stock"], med["governed"]
-            print(
-                f"{label:22s} {s['cpu'] / n * 1e6:12.1f} {s['cpu'] / blocks * 1e6:7.2f} "
-                f"{g['cpu'] / n * 1e6:15.1f} {g['cpu'] / blocks * 1e6:7.2f} "
-                f"{cpu.median:6.3f} {cpu.p25:5.2f}-{cpu.p75:4.2f} {wall.median:6.3f} "
-                f"{step.median:6.3f} {int(s['hits']):>8d}/{int(g['hits']):<7d}"
-            )
-            detail = " ".join(
-                f"{k} {s[k] / blocks * 1e6:.2f}/{g[k] / blocks * 1e6:.2f}" for k in TIMERS
-            )
-            print(f"  wall us/blk stock/governed: {detail}")
-            print(
-                "  CPU us/req stock/governed: scheduler thread "
-                f"{s['thread'] / n * 1e6:.1f}/{g['thread'] / n * 1e6:.1f}, other threads "
-                f"{max(0.0, s['cpu'] - s['thread']) / n * 1e6:.1f}/"
-                f"{max(0.0, g['cpu'] - g['thread']) / n * 1e6:.1f}"
-            )
-            if "salted" in variants:
-                net = ratio_stats((p["salted"]["cpu"], p["governed"]["cpu"]) for p in pairs)
-                net_thread = ratio_stats(
-                    (p["salted"]["thread"], p["governed"]["thread"]) for p in pairs
-                )
-                salted = _median([p["salted"]["cpu"] for p in pairs])
-                salted_hits = int(_median([p["salted"]["hits"] for p in pairs]))
+            s = med["stock"]
+            for gov in govs:
+                writer = gov.removeprefix("governed-")
+                cpu = ratio_stats((p["stock"]["cpu"], p[gov]["cpu"]) for p in pairs)
+                wall = ratio_stats((p["stock"]["total"], p[gov]["total"]) for p in pairs)
+                step = ratio_stats((p["stock"]["step"], p[gov]["step"]) for p in pairs)
+                g = med[gov]
+                row = f"{label} [{writer}]"
                 print(
-                    f"  net of isolation: stock with a cache_salt per tenant "
-                    f"{salted / n * 1e6:.1f} us/req ({salted_hits} hit tokens): governed/salted "
-                    f"{net.median:.3f} ({net.p25:.2f}-{net.p75:.2f}), scheduler thread "
-                    f"{net_thread.median:.3f}"
+                    f"{row:32s} {s['cpu'] / n * 1e6:12.1f} {s['cpu'] / blocks * 1e6:7.2f} "
+                    f"{g['cpu'] / n * 1e6:15.1f} {g['cpu'] / blocks * 1e6:7.2f} "
+                    f"{cpu.median:6.3f} {cpu.p25:5.2f}-{cpu.p75:4.2f} {wall.median:6.3f} "
+                    f"{step.median:6.3f} {int(s['hits']):>8d}/{int(g['hits']):<7d}"
                 )
-                nets.append((f"{scenario}_{tenants}", net.median))
-            results.append((f"{scenario}_{tenants}", cpu.median, wall.median, step.median))
+                detail = " ".join(
+                    f"{k} {s[k] / blocks * 1e6:.2f}/{g[k] / blocks * 1e6:.2f}" for k in TIMERS
+                )
+                print(f"  wall us/blk stock/governed: {detail}")
+                others = max(0.0, g["cpu"] - g["thread"]) / n * 1e6
+                proc = g["writer_proc"] / n * 1e6
+                print(
+                    "  CPU us/req stock/governed: scheduler thread "
+                    f"{s['thread'] / n * 1e6:.1f}/{g['thread'] / n * 1e6:.1f}, other threads "
+                    f"{max(0.0, s['cpu'] - s['thread']) / n * 1e6:.1f}/{others:.1f}"
+                    + (f", writer process {proc:.1f}" if writer == "process" else "")
+                )
+                name = f"{scenario}_{tenants}"
+                writer_us = proc if writer == "process" else others
+                extra.append(f"RESULT {name}_{writer}_writer_us={writer_us:.1f}")
+                if writer == "process":
+                    extra.append(f"RESULT {name}_{writer}_handoff_us={others:.1f}")
+                if "salted" in variants:
+                    net = ratio_stats((p["salted"]["cpu"], p[gov]["cpu"]) for p in pairs)
+                    net_thread = ratio_stats(
+                        (p["salted"]["thread"], p[gov]["thread"]) for p in pairs
+                    )
+                    salted = _median([p["salted"]["cpu"] for p in pairs])
+                    salted_hits = int(_median([p["salted"]["hits"] for p in pairs]))
+                    print(
+                        f"  net of isolation: stock with a cache_salt per tenant "
+                        f"{salted / n * 1e6:.1f} us/req ({salted_hits} hit tokens): "
+                        f"governed/salted {net.median:.3f} ({net.p25:.2f}-{net.p75:.2f}), "
+                        f"scheduler thread {net_thread.median:.3f}"
+                    )
+                    nets.append((name, writer, net.median))
+                results.append((name, writer, cpu.median, wall.median, step.median))
     finally:
         bench.close()
     print(
-        "ratio = governed/stock CPU time of the process over a run (the audit writer thread\n"
-        "included; other processes' load excluded), median of per-pair ratios, with p25-p75;\n"
-        "wall = the same from the timers' wall clock; step = schedule + update_from_output only;\n"
-        "scheduler thread = the CPU time of the thread running the engine's steps (audit events\n"
-        "built and queued there); other threads = the audit writer sealing, inserting, committing"
+        "ratio = governed/stock CPU time of the engine-core process over a run (with the\n"
+        "thread writer its audit writer threads included; the writer process is not in it,\n"
+        "reported beside it), median of per-pair ratios, with p25-p75; wall = the same from\n"
+        "the timers' wall clock; step = schedule + update_from_output only; scheduler thread\n"
+        "= the CPU of the thread running the engine's steps (audit events built and handed\n"
+        "over there); other threads = the thread writer sealing, inserting, committing, or\n"
+        "the process writer's hand-off (sender, acknowledgements); writer process = its CPU"
     )
     print("RESULT vllm_available=1")
-    worst = max(r[1] for r in results)
-    for name, ratio, wall_ratio, step_ratio in results:
-        print(f"RESULT {name}_ratio={ratio:.3f}")
-        print(f"RESULT {name}_wall_ratio={wall_ratio:.3f}")
-        print(f"RESULT {name}_step_ratio={step_ratio:.3f}")
-    for name, ratio in nets:
-        print(f"RESULT {name}_net_ratio={ratio:.3f}")
+    chosen = writers[0]  # the binding's default (process) when it ran; its rows keep the names
+    worst = max(r[2] for r in results if r[1] == chosen)
+    for name, writer, ratio, wall_ratio, step_ratio in results:
+        tag = "" if writer == chosen else f"_{writer}"
+        print(f"RESULT {name}{tag}_ratio={ratio:.3f}")
+        print(f"RESULT {name}{tag}_wall_ratio={wall_ratio:.3f}")
+        print(f"RESULT {name}{tag}_step_ratio={step_ratio:.3f}")
+    for name, writer, ratio in nets:
+        tag = "" if writer == chosen else f"_{writer}"
+        print(f"RESULT {name}{tag}_net_ratio={ratio:.3f}")
+    for line in extra:
+        print(line)
+    print(f"RESULT audit_writer={chosen}")
     target = target_for(args.prompt)
     print(f"RESULT target={target} {'met' if worst <= target else 'MISSED'} (worst {worst:.3f})")
     return 0

@@ -46,7 +46,7 @@ def _workload(log: AuditLog) -> list[str]:
 
 def test_both_writers_write_the_same_trail(tmp_path: Path) -> None:
     """One workload through each writer, the same clock: row for row the same events,
-    hash for hash the same chain (one time for all), the same ids, and the queries answer the same."""
+    hash for hash the same chain (one time for all), the same ids, the same query answers."""
     urls, ids = {}, {}
     for writer in ("thread", "process"):
         urls[writer] = f"sqlite:///{tmp_path / writer}.db"
@@ -76,7 +76,7 @@ def test_both_writers_write_the_same_trail(tmp_path: Path) -> None:
 def test_closed_process_log_refuses(tmp_path: Path) -> None:
     """After close, record raises (typed); close again is a no-op; bad input is typed."""
     log = AuditLog(f"sqlite:///{tmp_path / 'a.db'}", "w1", writer="process")
-    with pytest.raises(InvalidAuditEvent, match="takes an audit.AuditEvent"):
+    with pytest.raises(InvalidAuditEvent, match=r"takes an audit\.AuditEvent"):
         log.record({"type": "admission"})  # type: ignore[arg-type]
     log.record(sample_event(1))
     log.close()

@@ -122,9 +122,7 @@ class Load:
             time.sleep(0.001)
 
 
-def test_writer_process_killed_twice_during_load(
-    tmp_path: Path, fault_report: FaultReport
-) -> None:
+def test_writer_process_killed_twice_during_load(tmp_path: Path, fault_report: FaultReport) -> None:
     """SIGKILL of the writer process under load, twice: a new one continues the chain,
     every acknowledged event is stored, no hole, no gap event; erasures fail closed
     while no writer serves."""
@@ -139,7 +137,7 @@ def test_writer_process_killed_twice_during_load(
             assert pid is not None
             pids.append(pid)
             os.kill(pid, signal.SIGKILL)
-            _wait(lambda: log.writer_pid not in (None, pid), "a new writer process")
+            _wait(lambda p=pid: log.writer_pid not in (None, p), "a new writer process")
         time.sleep(0.5)
     finally:
         load.stop()
