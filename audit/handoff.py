@@ -207,8 +207,10 @@ class ProcessAuditLog(AuditLog):
         self._close_reply: tuple[bool, str | None] = (False, None)
         self._closing = False
         self._spool_reason: str | None = None
+        self._writer_cpu = 0.0
         self._send_lock = threading.Lock()  # one sender of frames; held across a restart
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # something waits to be handed over
+        self._hurry = threading.Event()  # ... and should go now, not at the interval
         self._stop = False
 
         link = self._spawn(resume=False)
@@ -240,6 +242,15 @@ class ProcessAuditLog(AuditLog):
         return self._stats.spooled > 0
 
     @property
+    def writer_cpu_seconds(self) -> float:
+        """CPU seconds the writer process had used at its last report (benchmarks).
+
+        A ``flush`` ends with a fresh report. A new writer process (after one died)
+        starts again from its own start.
+        """
+        return self._writer_cpu
+
+    @property
     def writer_pid(self) -> int | None:
         """The writer process's id (None while none runs)."""
         with self._cv:
@@ -264,12 +275,14 @@ class ProcessAuditLog(AuditLog):
             self._next_seq = seq + 1
             pending = self._pending
             pending.append((seq, round(self._clock() * 1_000_000), event))
+            n = len(pending)
         if event.type in CRITICAL_EVENT_TYPES:
             self._await_durable(seq)
-        else:
-            n = len(pending)
-            if n >= self._batch_size and not self._wake.is_set():
-                self._wake.set()
+        elif n == 1:  # the first of an interval: the sender sleeps until there is one
+            self._wake.set()
+        elif n >= self._batch_size:
+            if not self._hurry.is_set():
+                self._hurry_up()
             if n + len(self._retained) >= self._queue_size:
                 self._backpressure()
         return f"{self._stream}:{seq}"
@@ -284,7 +297,7 @@ class ProcessAuditLog(AuditLog):
             seq = self._next_seq
             self._next_seq = seq + 1
             self._pending.append((seq, round(self._clock() * 1_000_000), event))
-        self._wake.set()
+        self._hurry_up()
         return Deferred(f"{self._stream}:{seq}", lambda: self._await_durable(seq))
 
     def raise_if_unavailable(self) -> None:
@@ -331,7 +344,7 @@ class ProcessAuditLog(AuditLog):
             self._controls.append(("F", token))
         with self._cv:
             self._waiting.add(token)
-        self._wake.set()
+        self._hurry_up()
         try:
             self._wait_reply(lambda: token in self._replies, "flush")
         finally:
@@ -362,7 +375,7 @@ class ProcessAuditLog(AuditLog):
         try:
             with self._cv:  # a writer being restarted gets its deadline to come back
                 self._cv.wait_for(lambda: self._down is None, self._critical_deadline)
-            self._wake.set()
+            self._hurry_up()
             self._wait_reply(lambda: self._close_reply[0], "close", closing=True)
             error = self._close_reply[1]
         except AuditUnavailable as exc:
@@ -372,7 +385,7 @@ class ProcessAuditLog(AuditLog):
                 self._closing = True
                 self._cv.notify_all()
             self._stop = True
-            self._wake.set()
+            self._hurry_up()
             self._sender.join(self._critical_deadline)
             self._end_process(self._link)
             self._reader.join(self._critical_deadline)
@@ -384,7 +397,7 @@ class ProcessAuditLog(AuditLog):
     # ------------------------------------------------------------------ waiting
 
     def _await_durable(self, seq: int) -> Recorded:
-        self._wake.set()
+        self._hurry_up()
         end = time.monotonic() + self._critical_deadline
         with self._cv:
             while self._durable < seq:
@@ -424,7 +437,7 @@ class ProcessAuditLog(AuditLog):
     def _backpressure(self) -> None:
         while len(self._pending) + len(self._retained) >= self._queue_size:
             self.raise_if_unavailable()
-            self._wake.set()
+            self._hurry_up()
             time.sleep(0.001)
 
     # ------------------------------------------------------------------ the writer process
@@ -496,12 +509,16 @@ class ProcessAuditLog(AuditLog):
 
     # ------------------------------------------------------------------ threads
 
+    def _hurry_up(self) -> None:
+        self._hurry.set()
+        self._wake.set()
+
     def _send_loop(self) -> None:
-        due = time.monotonic()
-        while True:  # one frame per interval, sooner when woken (a critical event, a flush)
-            self._wake.wait(max(0.0, due - time.monotonic()))
+        while True:  # asleep while nothing is pending; then one frame per interval, sooner
+            self._wake.wait()  # when hurried (a critical event, a flush, a full batch)
+            self._hurry.wait(WRITER_INTERVAL_SECONDS)
             self._wake.clear()
-            due = time.monotonic() + WRITER_INTERVAL_SECONDS
+            self._hurry.clear()
             self._send_pending()
             if self._stop:
                 return
@@ -585,17 +602,24 @@ class ProcessAuditLog(AuditLog):
                 self._durable = max(self._durable, link.head)
                 self._cv.notify_all()
         _log.info("audit writer process restarted", pid=link.proc.pid, head=link.head)
-        self._wake.set()
+        self._hurry_up()
 
     def _handle(self, frame: tuple[Any, ...]) -> None:
         tag = frame[0]
         if tag == "A":
-            stats, spool_reason, gaps = frame[1], frame[2], frame[3]
+            state, gaps = frame[1], frame[2]
+            (stored, durable, spooled, spooled_total, quarantined, damaged, critical_spooled,
+             db_error, unavailable, spool_reason, depth, spool_bytes, cpu) = state  # fmt: skip
             with self._cv:
-                self._stats = stats
+                self._stats = AuditStats(
+                    self._stream, durable, stored, durable, spooled, spooled_total,
+                    quarantined, damaged, critical_spooled, db_error, unavailable,
+                    depth, spool_bytes,
+                )  # fmt: skip
                 self._spool_reason = spool_reason
-                self._durable = max(self._durable, stats.durable_seq)
-                self._stored = max(self._stored, stats.stored_seq)
+                self._writer_cpu = cpu
+                self._durable = max(self._durable, durable)
+                self._stored = max(self._stored, stored)
                 retained, durable = self._retained, self._durable
                 while retained and retained[0][0] <= durable:
                     retained.popleft()
@@ -626,4 +650,4 @@ class ProcessAuditLog(AuditLog):
             seq = self._next_seq
             self._next_seq = seq + 1
             self._pending.append((seq, round(time.time() * 1_000_000), record, token))
-        self._wake.set()
+        self._hurry_up()

@@ -7,8 +7,9 @@ kvgov.audit.writer_process`` in a session of its own, it reads frames
     engine -> writer                         writer -> engine
     ("CONFIG", settings)                     ("READY", head_seq, key_id, spool_path)
                                              or ("E", error kind, args)
-    ("R", [(seq, time_us, record), ...])     ("A", AuditStats, spool_reason, gaps)
-      records in seq order; a critical one     whenever what is durable changes; gaps:
+    ("R", [(seq, time_us, record), ...])     ("A", state, gaps): state a tuple of the
+      records in seq order; a critical one     AuditStats fields and the process's CPU,
+                                               whenever what is durable changes; gaps:
       is made durable (database, or spool     audit_gap events this writer needs a seq
       past the deadline) before the next       for, [(token, record)], sent back by the
       frame is read                            engine as records with the token
@@ -31,6 +32,7 @@ import gc
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,9 @@ from kvgov.exceptions import AuditSchemaError, AuditUnavailable, InvalidAuditEve
 
 __all__ = ["HandoffLog", "main"]
 
-#: Seconds between two looks at the log's state when nothing wakes the acknowledger.
-ACK_POLL_SECONDS = 0.05
+#: Seconds between two looks at the log's state when nothing wakes the acknowledger
+#: (every persist and spool wakes it: this only bounds a missed one).
+ACK_POLL_SECONDS = 0.5
 
 
 class HandoffLog(AuditLog):
@@ -186,10 +189,18 @@ class _Acknowledger:
         log = self.log
         with self.lock:
             gaps = log.take_gaps()
-            state = (log.stats(), log.spool_reason)
-            if force or gaps or state != self.last:
-                self.last = state
-                self.send(("A", state[0], state[1], gaps))
+            st = log.stats()
+            # what the engine acts on; the queue's depth and the spool's size ride along
+            key = (
+                st.stored_seq, st.durable_seq, st.spooled, st.spooled_total, st.quarantined,
+                st.damaged_lines, st.critical_spooled, st.database_error, st.unavailable,
+                log.spool_reason,
+            )  # fmt: skip
+            if force or gaps or key != self.last:
+                self.last = key
+                # a plain tuple (fast to unpickle), and this process's CPU for benchmarks
+                state = (*key, st.queue_depth, st.spool_bytes, time.process_time())
+                self.send(("A", state, gaps))
 
     def _run(self) -> None:
         log = self.log

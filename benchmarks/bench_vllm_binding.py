@@ -29,8 +29,9 @@ writer thread inside the engine core. The CPU time is also split: the scheduler'
 thread (the steps above, audit events built and queued), the engine core's other
 threads (``thread``: the audit writer sealing, inserting, committing, its keeper;
 ``process``: the hand-off's sender and acknowledgement reader) and, for ``process``,
-the writer process (from /proc). ``ratio`` is the engine-core process's CPU, governed /
-stock: the writer process is reported beside it, not in it.
+the writer process (its own ``time.process_time()``, which it reports with each
+acknowledgement, fresh after the run's flush). ``ratio`` is the engine-core process's
+CPU, governed / stock: the writer process is reported beside it, not in it.
 
 The reset between runs (every block of the last run evicted and ordered
 zeroed) is written to the audit trail before the clock starts.
@@ -236,10 +237,11 @@ class Bench:
         hits = 0
         pending = list(range(self.n))
         clock = time.perf_counter
-        writer_pid = getattr(binding.gov.audit, "writer_pid", None) if binding else None
+        audit = binding.gov.audit if binding is not None else None
         gc.collect()
         gc.disable()  # vLLM's engine freezes its GC heap; keep collector pauses out of both
-        proc0 = process_cpu(writer_pid)
+        # the writer process's CPU as it reports it (the reset's flush made it fresh)
+        proc0 = getattr(audit, "writer_cpu_seconds", 0.0)
         cpu0 = time.process_time()
         thread0 = time.thread_time()
         wall0 = clock()
@@ -288,7 +290,7 @@ class Bench:
         # of which this (the scheduler's) thread; the rest is the audit writer's threads
         t["thread"] = time.thread_time() - thread0
         # the writer process's CPU over the run (its flush at the end included)
-        t["writer_proc"] = process_cpu(writer_pid) - proc0
+        t["writer_proc"] = getattr(audit, "writer_cpu_seconds", 0.0) - proc0
         t["wall"] = clock() - wall0
         t["total"] = sum(t[k] for k in TIMERS)
         t["step"] = t["schedule"] + t["update"]
@@ -298,17 +300,6 @@ class Bench:
     def close(self) -> None:
         for sched in self.governed.values():
             sched.shutdown()
-
-
-def process_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc; 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pin(cpu: int | None) -> int | None:
