@@ -68,7 +68,9 @@ class HandoffLog(AuditLog):
 
     def __init__(self, send: Any, *, resume: bool, **settings: Any) -> None:
         self._send = send
-        self._attached = False
+        # a resumed chain's numbers beyond the head are the engine's (it sends again what
+        # it holds): a gap event of the start's spool replay waits for the engine's number
+        self._attached = resume
         self._gaps_new: list[tuple[int, tuple[Any, ...]]] = []
         self._gaps_out: dict[int, tuple[Any, ...]] = {}
         self._gap_token = 0

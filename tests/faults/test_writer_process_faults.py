@@ -251,3 +251,34 @@ def test_engine_killed_writer_keeps_what_it_received(
     assert len(gaps) == 1 and gaps[0]["cause"] == "unclean_stop"
     assert gaps[0]["last_stored_seq"] == last
     assert verify(url).ok
+
+
+def test_restarted_writer_hands_its_gap_event_to_the_engine(tmp_path: Path) -> None:
+    """A writer killed with a damaged line in its spool: the next writer quarantines the line and its ``audit_gap`` event takes the engine's next
+    number, after the events the engine sends again: no two events share a number."""
+    log = _log(tmp_path, "torn")
+    try:
+        before = [log.record(AuditEvent(EventType.ADMISSION, tenant="a")) for _ in range(20)]
+        log.flush()
+        pid = log.writer_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        held = [log.record(AuditEvent(EventType.ADMISSION, tenant="a")) for _ in range(20)]
+        with log.spool_path.open("a") as spool:  # a line damaged on disk (a cut-short
+            spool.write('{"kind": "event", "seq": 21, "da\n')  # last one is just dropped)
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: log.writer_pid not in (None, pid), "a new writer process")
+        after = log.record(AuditEvent(EventType.ADMISSION, tenant="a"))
+        log.flush()
+    finally:
+        log.close()
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    rows = _rows(url, "torn")
+    seqs = [r[0] for r in rows]
+    assert seqs == list(range(1, len(rows) + 1)), "a hole or a number used twice"
+    kinds = {r[0]: r[1] for r in rows}
+    # every id the engine handed out is its own event (not the writer's gap event)
+    assert all(kinds.get(_seq(i)) == "admission" for i in [*before, *held, after])
+    gaps = [json.loads(r[2]) for r in rows if r[1] == "audit_gap"]
+    assert len(gaps) == 1 and gaps[0]["cause"] == "quarantined", gaps
+    assert verify(url).ok
