@@ -64,7 +64,13 @@ from kvgov.audit.signing import SigningKey, load_signing_key
 from kvgov.audit.spool import default_spool_path
 from kvgov.audit.store import normalize_url
 from kvgov.audit.wire import WireClosed, read_frame, write_frame
-from kvgov.audit.writer import DB_RETRY_SECONDS, WRITER_INTERVAL_SECONDS, AuditLog, WriterKind
+from kvgov.audit.writer import (
+    DB_RETRY_SECONDS,
+    WRITER_CLASSES,
+    WRITER_INTERVAL_SECONDS,
+    AuditLog,
+    WriterKind,
+)
 from kvgov.defaults import (
     AUDIT_BATCH_SIZE,
     AUDIT_CRITICAL_DEADLINE_SECONDS,
@@ -651,3 +657,6 @@ class ProcessAuditLog(AuditLog):
             self._next_seq = seq + 1
             self._pending.append((seq, round(time.time() * 1_000_000), record, token))
         self._hurry_up()
+
+
+WRITER_CLASSES["process"] = ProcessAuditLog

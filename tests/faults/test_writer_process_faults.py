@@ -254,8 +254,9 @@ def test_engine_killed_writer_keeps_what_it_received(
 
 
 def test_restarted_writer_hands_its_gap_event_to_the_engine(tmp_path: Path) -> None:
-    """A writer killed with a damaged line in its spool: the next writer quarantines the line and its ``audit_gap`` event takes the engine's next
-    number, after the events the engine sends again: no two events share a number."""
+    """A writer killed with a damaged line in its spool: the next writer quarantines the
+    line and its ``audit_gap`` event takes the engine's next number, after the events
+    the engine sends again: no two events share a number."""
     log = _log(tmp_path, "torn")
     try:
         before = [log.record(AuditEvent(EventType.ADMISSION, tenant="a")) for _ in range(20)]
