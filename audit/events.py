@@ -432,4 +432,4 @@ def event_from_record(record: tuple[Any, ...]) -> CompactEvent:
     return _NEW(CompactEvent, record)
 
 
-assert CompactEvent._fields == RECORD_FIELDS  # the two layouts are one
+assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts are one
