@@ -20,6 +20,7 @@ from kvgov.audit.expect import (
     load_expected_streams,
     sign_expected_streams,
 )
+from kvgov.audit.handoff import ProcessAuditLog  # registers AuditLog(writer="process")
 from kvgov.audit.offload_keys import SqlWrappedKeyStore, StoredDataKey
 from kvgov.audit.queries import AuditQueries, AuditRecord, CheckpointInfo
 from kvgov.audit.signing import SigningKey, key_id, load_public_key, load_signing_key
@@ -44,6 +45,7 @@ __all__ = [
     "ExpectedStream",
     "ExpectedStreams",
     "Problem",
+    "ProcessAuditLog",
     "Recorded",
     "SigningKey",
     "SqlWrappedKeyStore",

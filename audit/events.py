@@ -15,10 +15,10 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from kvgov.canonical import JCS_INT_MAX
 from kvgov.exceptions import InvalidAuditEvent
@@ -28,8 +28,12 @@ __all__ = [
     "CRITICAL_EVENT_TYPES",
     "FIELDS",
     "FORBIDDEN_DETAIL_KEYS",
+    "RECORD_FIELDS",
     "AuditEvent",
+    "CompactEvent",
     "EventType",
+    "event_from_record",
+    "event_record",
 ]
 
 #: The scalar fields a caller gives after ``type``, in the order the chain hashes them
@@ -374,3 +378,58 @@ class AuditEvent:
         else:
             raise InvalidAuditEvent("details", "must be a mapping")
         object.__setattr__(self, "details", cleaned)
+
+
+#: Every field of :class:`AuditEvent`, in declaration order: the layout of a compact record.
+RECORD_FIELDS: Final = tuple(f.name for f in fields(AuditEvent))
+#: ``event -> tuple`` of :data:`RECORD_FIELDS` in one C call (the hand-off to a writer process).
+event_record: Final = attrgetter(*RECORD_FIELDS)
+
+
+class CompactEvent(NamedTuple):
+    """An :class:`AuditEvent` already validated, as a tuple: what a writer process seals.
+
+    The same fields, read the same way (the sealer reads attributes), built from
+    :data:`event_record`'s tuple in one C call by :func:`event_from_record`.
+    """
+
+    type: str
+    tenant: str | None
+    requester_tenant: str | None
+    classification: str | None
+    model: str | None
+    model_revision: str | None
+    adapter: str | None
+    adapter_revision: str | None
+    tokenizer: str | None
+    tokenizer_revision: str | None
+    template_version: str | None
+    sequence_id: str | None
+    block_ids: tuple[int, ...]
+    token_count: int | None
+    reused_tokens: int | None
+    decision_id: str | None
+    policy_revision: str | None
+    details: Mapping[str, Any]
+
+
+_NEW: Final = tuple.__new__
+
+
+def event_from_record(record: tuple[Any, ...]) -> CompactEvent:
+    """The event of :data:`event_record`'s tuple of an :class:`AuditEvent` (validated then).
+
+    For the audit writer process (:mod:`kvgov.audit.writer_process`), whose records come
+    from its engine over a pipe only the two hold: the engine built (and so validated)
+    each event, so the fields are not checked again. Anything else builds events with
+    :class:`AuditEvent`.
+
+    Raises:
+        InvalidAuditEvent: the tuple is not a record (wrong length or event type).
+    """
+    if len(record) != len(RECORD_FIELDS) or record[0] not in _EVENT_TYPES:
+        raise InvalidAuditEvent("event", "not a compact audit record")
+    return _NEW(CompactEvent, record)
+
+
+assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts are one

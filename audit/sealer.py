@@ -25,7 +25,7 @@ from kvgov.audit.chain import (
     ChainHash,
     canonical_prefix,
 )
-from kvgov.audit.events import FIELDS, AuditEvent
+from kvgov.audit.events import FIELDS, AuditEvent, CompactEvent
 from kvgov.audit.signing import SigningKey, checkpoint_message
 from kvgov.audit.spool import CheckpointRecord, EventRecord
 
@@ -39,8 +39,8 @@ _REQUEST: Final = attrgetter(*FIELDS[_SCOPE_END:])
 #: Scopes whose JSON the sealer keeps before it starts over.
 _SCOPE_CACHE_SIZE: Final = 4096
 
-#: A queued event: (seq, time_us, event).
-Item = tuple[int, int, AuditEvent]
+#: A queued event: (seq, time_us, event); a writer process's are compact (the same fields).
+Item = tuple[int, int, AuditEvent | CompactEvent]
 
 
 class Sealer:

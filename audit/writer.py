@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 from sqlalchemy import Engine
@@ -96,6 +96,10 @@ _log = structlog.get_logger("kvgov.audit")
 
 #: Seconds between the starts of two writer passes (sooner when woken: a critical event, a flush).
 WRITER_INTERVAL_SECONDS: Final = 0.05
+#: Where an ``AuditLog`` seals and stores: ``"thread"`` (this process, a background
+#: thread) or ``"process"`` (an audit writer process of its own, :mod:`kvgov.audit.handoff`).
+WriterKind = Literal["thread", "process"]
+WRITERS: Final = ("thread", "process")
 #: Least seconds after a database failure before it is tried again (events are spooled
 #: meanwhile); doubled per failure in a row up to the max, plus jitter (kvgov.retry).
 DB_RETRY_SECONDS, DB_RETRY_MAX_SECONDS = 1.0, 30.0
@@ -144,6 +148,10 @@ class AuditLog:
         max_queue_age: seconds an event may stay only in memory behind a database
             call that has not returned before it is spooled.
         statement_timeout: seconds one database statement may run.
+        writer: ``"thread"`` (the default: a writer thread in this process) or
+            ``"process"``: a writer process of its own seals and stores, the caller's
+            cost per event is a hand-off (:class:`kvgov.audit.handoff.ProcessAuditLog`,
+            which this then is; docs/audit.md, "The writer process").
 
     Raises:
         AuditSchemaError: the database is not at the head revision.
@@ -151,6 +159,14 @@ class AuditLog:
         InvalidAuditEvent: an argument is out of range (named in ``field``).
         SigningKeyError: the configured signing key cannot be loaded.
     """
+
+    def __new__(cls, *args: Any, writer: str = "thread", **kwargs: Any) -> AuditLog:
+        if writer not in WRITERS:
+            known = ", ".join(WRITERS)
+            raise InvalidAuditEvent("writer", f"must be one of {known}, got {writer!r}")
+        if cls is AuditLog and writer in WRITER_CLASSES:
+            return super().__new__(WRITER_CLASSES[writer])
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -169,6 +185,7 @@ class AuditLog:
         critical_deadline: float = AUDIT_CRITICAL_DEADLINE_SECONDS,
         max_queue_age: float = AUDIT_MAX_QUEUE_AGE_SECONDS,
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
+        writer: WriterKind = "thread",
     ) -> None:
         stream = worker_id if worker_id is not None else derive_stream_id()
         problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
@@ -612,3 +629,8 @@ class AuditLog:
         self._seal_from_queue_locked(len(self._dq), final)
         self._out.spool_pending(reason)
         self._cv.notify_all()
+
+
+#: ``AuditLog(writer=...)``'s classes besides this one, registered by their modules
+#: (:mod:`kvgov.audit.handoff` registers ``"process"``; ``kvgov.audit`` imports it).
+WRITER_CLASSES: dict[str, type[AuditLog]] = {}

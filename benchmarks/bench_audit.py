@@ -8,7 +8,14 @@ Targets on the reference machine: >= 50,000 events/s into SQLite, >= 20,000 even
 into PostgreSQL (hash chaining on), record() <= 5 us on the caller's thread, verify
 >= 200,000 events/s.
 
-    .venv/bin/python benchmarks/bench_audit.py [--quick]
+Both writers run side by side (``--writer`` picks one): ``thread``, the in-process
+writer thread, and ``process``, ``AuditLog(writer="process")``, whose sealing and
+storing run in a writer process of its own. For each, the CPU per event of the
+caller's process (``engine``: the recording thread and, for ``thread``, the writer's
+threads) and of the writer process (``process`` only; read from /proc) over the
+saturated run.
+
+    .venv/bin/python benchmarks/bench_audit.py [--quick] [--writer thread|process|both]
 """
 
 from __future__ import annotations
@@ -56,9 +63,28 @@ def make_events(n: int) -> list[AuditEvent]:
     ]
 
 
-def bench_write(url: str, events: list[AuditEvent], spool_dir: Path) -> dict[str, float]:
-    """Sustained events/s (record + flush) and mean record() cost on the caller's thread."""
-    log = AuditLog(url, f"bench-{uuid.uuid4().hex[:8]}", spool_path=spool_dir / "b.jsonl")
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc; 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_write(
+    url: str, events: list[AuditEvent], spool_dir: Path, writer: str = "thread"
+) -> dict[str, float]:
+    """Sustained events/s (record + flush), record() cost on the caller's thread, CPU split."""
+    log = AuditLog(
+        url,
+        f"bench-{uuid.uuid4().hex[:8]}",
+        spool_path=spool_dir / f"b-{writer}.jsonl",
+        writer=writer,  # type: ignore[arg-type]
+    )
+    pid = getattr(log, "writer_pid", None)
     record = log.record
     # caller cost: short bursts the background writer absorbs (the steady serving case)
     burst = events[:1000]
@@ -69,17 +95,27 @@ def bench_write(url: str, events: list[AuditEvent], spool_dir: Path) -> dict[str
             record(ev)
         costs.append((time.perf_counter() - t) / len(burst))
         log.flush()
+    cpu0, thread0, writer0 = time.process_time(), time.thread_time(), process_cpu(pid)
     t = time.perf_counter()
     for ev in events:
         record(ev)
     t_rec = time.perf_counter() - t
     log.flush()
     elapsed = time.perf_counter() - t
+    cpu, thread, writer_cpu = (
+        time.process_time() - cpu0,
+        time.thread_time() - thread0,
+        process_cpu(pid) - writer0,
+    )
     log.close()
+    n = len(events)
     return {
-        "events_per_s": len(events) / elapsed,
+        "events_per_s": n / elapsed,
         "record_us": min(costs) * 1e6,
-        "record_sustained_us": t_rec / len(events) * 1e6,
+        "record_sustained_us": t_rec / n * 1e6,
+        "engine_cpu_us": cpu / n * 1e6,
+        "caller_thread_cpu_us": thread / n * 1e6,
+        "writer_cpu_us": (cpu - thread if pid is None else writer_cpu) / n * 1e6,
     }
 
 
@@ -104,7 +140,14 @@ def main() -> None:
     """Run the benchmark and print the table and RESULT lines."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small smoke run")
+    ap.add_argument(
+        "--writer",
+        choices=("thread", "process", "both"),
+        default="both",
+        help="which audit writer to measure (both: side by side, the thread first)",
+    )
     args = ap.parse_args()
+    writers = ("thread", "process") if args.writer == "both" else (args.writer,)
     n = 5_000 if args.quick else 200_000
     events = make_events(n)
     rows: list[tuple[str, float, str, str]] = []
@@ -112,20 +155,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         url = f"sqlite:///{tmpd / 'bench.db'}"
-        w = bench_write(url, events, tmpd)
+        for writer in writers:
+            w = bench_write(url, events, tmpd, writer)
+            p = "" if writer == "thread" else "process_"
+            results |= {
+                f"{p}sqlite_events_per_s": w["events_per_s"],
+                f"{p}record_us": w["record_us"],
+                f"{p}record_sustained_us": w["record_sustained_us"],
+                f"{p}engine_cpu_us": w["engine_cpu_us"],
+                f"{p}writer_cpu_us": w["writer_cpu_us"],
+            }
+            rows += [
+                (f"{writer}: sqlite write (chained)", w["events_per_s"], "events/s", ">= 50000"),
+                (f"{writer}: record() caller cost, bursts", w["record_us"], "us", "<= 5"),
+                (f"{writer}: record() caller, saturated", w["record_sustained_us"], "us", ""),
+                (f"{writer}: engine process CPU/event", w["engine_cpu_us"], "us", ""),
+                (f"{writer}: writer CPU/event", w["writer_cpu_us"], "us", ""),
+            ]
         v, nv = bench_verify(url)
-        results |= {
-            "sqlite_events_per_s": w["events_per_s"],
-            "record_us": w["record_us"],
-            "record_sustained_us": w["record_sustained_us"],
-            "sqlite_verify_events_per_s": v,
-        }
-        rows += [
-            ("sqlite write (chained)", w["events_per_s"], "events/s", ">= 50000"),
-            ("record() caller cost, bursts", w["record_us"], "us", "<= 5"),
-            ("record() caller cost, saturated", w["record_sustained_us"], "us", ""),
-            (f"sqlite verify ({nv} events)", v, "events/s", ">= 200000"),
-        ]
+        results["sqlite_verify_events_per_s"] = v
+        rows.append((f"sqlite verify ({nv} events)", v, "events/s", ">= 200000"))
         try:
             admin = _pg_admin()
         except Exception as exc:
@@ -137,13 +186,22 @@ def main() -> None:
             try:
                 pg = f"postgresql+psycopg://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
                 upgrade(pg)
-                w = bench_write(pg, events, tmpd)
+                for writer in writers:
+                    w = bench_write(pg, events, tmpd, writer)
+                    p = "" if writer == "thread" else "process_"
+                    results |= {
+                        f"{p}pg_events_per_s": w["events_per_s"],
+                        f"{p}pg_engine_cpu_us": w["engine_cpu_us"],
+                        f"{p}pg_writer_cpu_us": w["writer_cpu_us"],
+                    }
+                    rows += [
+                        (f"{writer}: postgresql write", w["events_per_s"], "events/s", ">= 20000"),
+                        (f"{writer}: pg engine CPU/event", w["engine_cpu_us"], "us", ""),
+                        (f"{writer}: pg writer CPU/event", w["writer_cpu_us"], "us", ""),
+                    ]
                 v, nv = bench_verify(pg)
-                results |= {"pg_events_per_s": w["events_per_s"], "pg_verify_events_per_s": v}
-                rows += [
-                    ("postgresql write (chained)", w["events_per_s"], "events/s", ">= 20000"),
-                    (f"postgresql verify ({nv} events)", v, "events/s", ""),
-                ]
+                results["pg_verify_events_per_s"] = v
+                rows.append((f"postgresql verify ({nv} events)", v, "events/s", ""))
             finally:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 admin.close()

@@ -112,6 +112,7 @@ class Bench:
         workdir: Path,
         audit_url: str | None = None,
         window: int = WINDOW,
+        audit_writer: str = "thread",
     ) -> None:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ["KVGOV_KEY_SECRET"] = "bench-secret-" + "x" * 32
@@ -124,6 +125,7 @@ class Bench:
 
         self.n, self.prompt, self.workdir, self.window = requests, prompt, workdir, window
         self.audit_url = audit_url or f"sqlite:///{workdir / 'audit.db'}"
+        self.audit_writer = audit_writer
         self.model = workdir / "model"
         transformers.OPTConfig(
             vocab_size=50_272,
@@ -193,7 +195,13 @@ class Bench:
                 is_encoder_decoder=False,
             ),
             cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
-            additional_config={"kvgov": {"audit_url": self.audit_url, "model_revision": "bench"}},
+            additional_config={
+                "kvgov": {
+                    "audit_url": self.audit_url,
+                    "model_revision": "bench",
+                    "audit_writer": self.audit_writer,
+                }
+            },
         )
         vllm_config.cache_config.num_gpu_blocks = num_blocks
         register_all_kvcache_specs(vllm_config)
@@ -351,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the governed engine's audit database (a SQLite file in a temporary directory; "
         "a PostgreSQL one must be at the schema head: kvgov db upgrade URL)",
     )
+    parser.add_argument(
+        "--audit-writer",
+        choices=("thread", "process"),
+        default="thread",
+        help="the governed engine's audit writer (the binding's audit_writer setting; "
+        "process: its CPU is in the writer process, not in the ratio)",
+    )
     parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.requests < 0 or args.prompt < BS or args.window < BS:
@@ -366,12 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-"))
-    bench = Bench(n, args.prompt, workdir, args.audit_url, args.window)
+    bench = Bench(n, args.prompt, workdir, args.audit_url, args.window, args.audit_writer)
     print(
         f"vLLM {vllm.__version__} scheduler, no model, CPU {cpu if cpu is not None else 'any'}: "
         f"{n} requests x {args.prompt} tokens ({args.prompt // BS} blocks of {BS}), 4 output "
         f"tokens, one arrival per step; {rounds} pairs per scenario; audit trail in "
-        f"{bench.audit_url.partition(':')[0]}; hybrid: full + a {args.window}-token window"
+        f"{bench.audit_url.partition(':')[0]} ({args.audit_writer} writer); "
+        f"hybrid: full + a {args.window}-token window"
     )
     print(
         f"{'scenario':24s} {'stock us/req':>12s} {'us/blk':>7s} {'governed us/req':>15s} "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgov.audit import AuditLog
+from kvgov.audit.writer import WriterKind
 from kvgov.policy import PolicyClient
 
 from .keys import KeyDeriver, load_key_secret
@@ -68,10 +69,12 @@ def open_parts(
     worker_id: str | None,
     policy_engine: Any,
     offload: OffloadConfig | None = None,
+    audit_writer: WriterKind = "thread",
 ) -> GovernorParts:
     """Read the key secret, load the policy bundle, open the audit log and the tiers.
 
-    Args are those of :meth:`kvgov.govern.GovernedKVCache.create`.
+    Args are those of :meth:`kvgov.govern.GovernedKVCache.create`, and ``audit_writer``:
+    where the audit log seals and stores (``AuditLog``'s ``writer``).
 
     Raises:
         KeySecretError: no usable secret.
@@ -89,7 +92,7 @@ def open_parts(
         engine=policy_engine,
     )
     try:
-        audit = AuditLog(audit_url, worker_id=worker_id, clock=clock)
+        audit = AuditLog(audit_url, worker_id=worker_id, clock=clock, writer=audit_writer)
     except BaseException:
         policy.close()
         raise

@@ -131,6 +131,7 @@ class VllmGovernance:
             policy_dir=settings.policy_dir,
             policy_data=settings.policy_data,
             audit_url=settings.audit_url,
+            audit_writer=settings.audit_writer,
             key_secret=settings.key_secret(),
             ephemeral_secret=settings.ephemeral_secret,
             clock=clock,

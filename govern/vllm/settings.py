@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from kvgov import defaults
+from kvgov.audit.writer import WriterKind
 from kvgov.exceptions import BindingConfigError
 from kvgov.secrecy import KeyFileOpenToOthers, read_key_file, unshown
 
@@ -48,6 +49,10 @@ class BindingSettings:
 
     Attributes:
         audit_url: SQLAlchemy URL of the audit database.
+        audit_writer: where the audit trail is sealed and stored: ``"thread"`` (the
+            default: a writer thread inside the engine core) or ``"process"`` (a writer
+            process of the engine core's own; the engine core's cost per event is a
+            hand-off).
         worker_id: the audit stream id of this engine; None derives one per process.
         policy_dir: a Rego bundle directory; None for the bundled policy.
         policy_data: a dict deep-merged over the bundle's ``data.json`` (share groups,
@@ -90,6 +95,7 @@ class BindingSettings:
     """
 
     audit_url: str = defaults.AUDIT_URL
+    audit_writer: WriterKind = "thread"
     worker_id: str | None = None
     policy_dir: str | None = None
     policy_data: Mapping[str, Any] | None = None
@@ -216,6 +222,8 @@ _FLOATS = {"scope_token_max_ttl", "fleet_poll_interval"}
 #: One PEM block of any kind (a private key among them is refused: not a public key).
 _PEM_BLOCK = re.compile(rb"-----BEGIN [A-Z ]+-----.+?-----END [A-Z ]+-----", re.DOTALL)
 _MAPPINGS = {"policy_data", "connector_kinds"}
+#: Settings that take one of a few words.
+_CHOICES = {"audit_writer": ("process", "thread")}
 
 
 def _check(setting: str, value: Any, *, from_env: bool, field: str | None = None) -> Any:
@@ -252,6 +260,10 @@ def _check(setting: str, value: Any, *, from_env: bool, field: str | None = None
         if not isinstance(value, Mapping):
             raise BindingConfigError(setting, value, "a JSON object")
         return dict(value)
+    if name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise BindingConfigError(setting, value, " or ".join(_CHOICES[name]))
+        return value
     if not isinstance(value, str) or not value:
         raise BindingConfigError(setting, value, "a non-empty string")
     return value

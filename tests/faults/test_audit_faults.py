@@ -120,10 +120,11 @@ def _report(
     return figures
 
 
-def _log(pg: ProxiedPg, tmp_path: Path, stream: str) -> AuditLog:
+def _log(pg: ProxiedPg, tmp_path: Path, stream: str, writer: str = "thread") -> AuditLog:
     return AuditLog(
         pg.url,
         stream,
+        writer=writer,  # type: ignore[arg-type]
         spool_path=tmp_path / f"{stream}.spool.jsonl",
         critical_deadline=1.0,
         max_queue_age=0.5,
@@ -131,11 +132,13 @@ def _log(pg: ProxiedPg, tmp_path: Path, stream: str) -> AuditLog:
     )
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
 def test_postgresql_frozen_during_load(
-    pg_proxy: ProxiedPg, tmp_path: Path, fault_report: FaultReport
+    pg_proxy: ProxiedPg, tmp_path: Path, fault_report: FaultReport, writer: str
 ) -> None:
-    """Frozen 2.5 s under load: callers never wait past the bound, nothing is lost."""
-    log = _log(pg_proxy, tmp_path, "frozen")
+    """Frozen 2.5 s under load: callers never wait past the bound, nothing is lost
+    (the writer thread, and the writer process: it spools within the deadline too)."""
+    log = _log(pg_proxy, tmp_path, "frozen", writer)
     load = Load(log)
     load.start()
     time.sleep(0.5)
@@ -145,17 +148,19 @@ def test_postgresql_frozen_during_load(
     time.sleep(0.5)
     load.stop()
     log.close()
-    f = _report(fault_report, "postgresql frozen 2.5 s during load", pg_proxy, "frozen", load, log)
+    case = f"postgresql frozen 2.5 s during load, writer {writer}"
+    f = _report(fault_report, case, pg_proxy, "frozen", load, log)
     assert f["lost"] == 0 and f["critical_lost"] == 0 and f["critical_refused"] == 0
     assert f["spooled"] > 0 and load.slowest_critical < BOUND
     assert verify(pg_proxy.direct).ok
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
 def test_postgresql_killed_during_load(
-    pg_proxy: ProxiedPg, tmp_path: Path, fault_report: FaultReport
+    pg_proxy: ProxiedPg, tmp_path: Path, fault_report: FaultReport, writer: str
 ) -> None:
     """Connections reset and refused for 2 s under load: everything spools, then replays."""
-    log = _log(pg_proxy, tmp_path, "killed")
+    log = _log(pg_proxy, tmp_path, "killed", writer)
     load = Load(log)
     load.start()
     time.sleep(0.5)
@@ -165,7 +170,8 @@ def test_postgresql_killed_during_load(
     time.sleep(0.5)
     load.stop()
     log.close()
-    f = _report(fault_report, "postgresql killed 2 s during load", pg_proxy, "killed", load, log)
+    case = f"postgresql killed 2 s during load, writer {writer}"
+    f = _report(fault_report, case, pg_proxy, "killed", load, log)
     assert f["lost"] == 0 and f["critical_lost"] == 0 and f["critical_refused"] == 0
     assert f["spooled"] > 0
     assert verify(pg_proxy.direct).ok

@@ -38,6 +38,8 @@ def test_additional_config_wins_over_the_environment_over_defaults() -> None:
         ({"KVGOV_EPHEMERAL_SECRET": "0"}, "ephemeral_secret", False),
         ({"KVGOV_SCOPE_TOKEN_MAX_TTL": "30"}, "scope_token_max_ttl", 30.0),
         ({"KVGOV_POLICY_DATA": '{"kvgov": {}}'}, "policy_data", {"kvgov": {}}),
+        ({"KVGOV_AUDIT_WRITER": "thread"}, "audit_writer", "thread"),
+        ({}, "audit_writer", "thread"),
     ],
 )
 def test_environment_text_is_parsed(environ: dict[str, str], field: str, value: Any) -> None:
@@ -55,6 +57,8 @@ def test_environment_text_is_parsed(environ: dict[str, str], field: str, value: 
         ({"scope_token_max_ttl": 0}, {}, "scope_token_max_ttl"),
         ({"policy_data": [1]}, {}, "policy_data"),
         ({"audit_url": ""}, {}, "audit_url"),
+        ({"audit_writer": "fork"}, {}, "audit_writer"),
+        ({}, {"KVGOV_AUDIT_WRITER": "Process"}, "KVGOV_AUDIT_WRITER"),
         ({}, {"KVGOV_REQUIRE_SCOPE_TOKEN": "maybe"}, "KVGOV_REQUIRE_SCOPE_TOKEN"),
         ({}, {"KVGOV_SCOPE_TOKEN_MAX_TTL": "soon"}, "KVGOV_SCOPE_TOKEN_MAX_TTL"),
         ({}, {"KVGOV_POLICY_DATA": "{"}, "KVGOV_POLICY_DATA"),
