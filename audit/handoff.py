@@ -70,6 +70,7 @@ from kvgov.audit.writer import (
     WRITER_INTERVAL_SECONDS,
     AuditLog,
     WriterKind,
+    checked_stream,
 )
 from kvgov.defaults import (
     AUDIT_BATCH_SIZE,
@@ -83,7 +84,6 @@ from kvgov.defaults import (
 )
 from kvgov.exceptions import AuditError, AuditSchemaError, AuditUnavailable, InvalidAuditEvent
 from kvgov.retry import Backoff
-from kvgov.schema import TEXT_LIMITS, text_problem
 
 __all__ = ["WRITER_DEADLINE_SHARE", "ProcessAuditLog"]
 
@@ -161,15 +161,7 @@ class ProcessAuditLog(AuditLog):
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
         writer: WriterKind = "process",
     ) -> None:
-        from kvgov.audit.durability import derive_stream_id
-
-        stream = worker_id if worker_id is not None else derive_stream_id()
-        problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
-        if problem is not None:
-            raise InvalidAuditEvent("worker_id", problem)
-        for name, value in (("checkpoint_every", checkpoint_every), ("batch_size", batch_size)):
-            if value < 1:
-                raise InvalidAuditEvent(name, "must be at least 1")
+        stream = checked_stream(worker_id, checkpoint_every, batch_size)
         self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
         self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
         positive_seconds("checkpoint_seconds", checkpoint_seconds)

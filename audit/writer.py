@@ -105,6 +105,22 @@ WRITERS: Final = ("thread", "process")
 DB_RETRY_SECONDS, DB_RETRY_MAX_SECONDS = 1.0, 30.0
 
 
+def checked_stream(worker_id: str | None, checkpoint_every: int, batch_size: int) -> str:
+    """A log's stream id (``worker_id``, or one derived for this process), its counts checked.
+
+    Raises:
+        InvalidAuditEvent: the stream id is empty or too long, a count is below 1.
+    """
+    stream = worker_id if worker_id is not None else derive_stream_id()
+    problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
+    if problem is not None:
+        raise InvalidAuditEvent("worker_id", problem)
+    for name, value in (("checkpoint_every", checkpoint_every), ("batch_size", batch_size)):
+        if value < 1:
+            raise InvalidAuditEvent(name, "must be at least 1")
+    return stream
+
+
 class AuditLog:
     """Append hash-chained audit events for one stream, in batches, off the caller's thread.
 
@@ -187,13 +203,7 @@ class AuditLog:
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
         writer: WriterKind = "thread",
     ) -> None:
-        stream = worker_id if worker_id is not None else derive_stream_id()
-        problem = text_problem(stream, TEXT_LIMITS["stream"]) if stream else "is empty"
-        if problem is not None:
-            raise InvalidAuditEvent("worker_id", problem)
-        for name, value in (("checkpoint_every", checkpoint_every), ("batch_size", batch_size)):
-            if value < 1:
-                raise InvalidAuditEvent(name, "must be at least 1")
+        stream = checked_stream(worker_id, checkpoint_every, batch_size)
         self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
         self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
         self._checkpoint_seconds = positive_seconds("checkpoint_seconds", checkpoint_seconds)
