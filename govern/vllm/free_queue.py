@@ -117,6 +117,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         #: whether a group may be over its cap (checked by kvgov_trim)
         self.kvgov_over = False
         self.kvgov_decay = Decay()
+        #: whether any block may have a deadline (a flag: cheaper than asking the heap)
+        self.kvgov_decaying = False
 
     # ------------------------------------------------------------------ vLLM's calls
 
@@ -124,21 +126,18 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if not blocks:
             return
         key = self.kvgov_key
-        keys = [key[b.block_id] for b in blocks]
-        stamp = self.kvgov_stamp
-        if stamp is not None:
-            c = self.kvgov_clock
-            for b in blocks:
-                stamp[b.block_id] = c
-                c += 1
-            self.kvgov_clock = c
-        k0 = keys[0]
-        if keys.count(k0) == len(keys):
+        if self.kvgov_stamp is not None:
+            self._kvgov_stamp(blocks)
+        k0 = key[blocks[0].block_id]
+        for b in blocks:
+            if key[b.block_id] != k0:
+                break
+        else:  # one key: the rule (a request's blocks)
             self._kvgov_put(k0, blocks)
             return
         by: dict[int, list[Any]] = {}
-        for b, k in zip(blocks, keys, strict=True):
-            by.setdefault(k, []).append(b)
+        for b in blocks:
+            by.setdefault(key[b.block_id], []).append(b)
         for k, run in by.items():
             self._kvgov_put(k, run)
 
@@ -167,7 +166,7 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"cannot take {n} blocks from {self.num_free_blocks} free")
-        if self.kvgov_decay:
+        if self.kvgov_decaying:
             self.kvgov_decay_due()
         pool = self.kvgov_pool
         if not self.kvgov_in_levels:  # every free block is in vLLM's list: vLLM's order
@@ -183,8 +182,11 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             if lead:
                 out = super().popleft_n(lead)
                 n -= lead
+                base_n -= lead
         if not n:
             return out
+        if not self.kvgov_quotas:
+            return self._kvgov_by_priority(n, base_n, out)
         batches: list[tuple[str, list[Any]]] = []
         g = self.kvgov_allocating
         quota = self.kvgov_quotas.get(g) if g else None
@@ -236,11 +238,13 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         key = self.kvgov_key
         for b in block_ids:
             key[b] = k
-        decay = self.kvgov_decay
         if deadline is not None and priority != DEFAULT_PRIORITY:
+            decay = self.kvgov_decay
             for b in block_ids:
                 decay.set(b, deadline)
-        elif decay:
+            self.kvgov_decaying = True
+        elif self.kvgov_decaying:
+            decay = self.kvgov_decay
             for b in block_ids:
                 decay.clear(b)
 
@@ -317,12 +321,16 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_in_levels = 0
         self.kvgov_counts = [0] * len(self.kvgov_counts)
         self.kvgov_decay = Decay()
+        self.kvgov_decaying = False
         self.kvgov_to_front(moved)
 
     def kvgov_decay_due(self) -> None:
         """Lower every block whose priority duration passed to the default; a free one
         moves to the most recently used end of its default list."""
-        due = self.kvgov_decay.due(self.kvgov_pool.kvgov_now())
+        decay = self.kvgov_decay
+        due = decay.due(self.kvgov_pool.kvgov_now())
+        if not decay:
+            self.kvgov_decaying = False
         key = self.kvgov_key
         blocks = self.kvgov_blocks
         for b in due:
@@ -395,6 +403,15 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
 
     # ------------------------------------------------------------------ internals
 
+    def _kvgov_stamp(self, blocks: list[Any]) -> None:
+        stamp = self.kvgov_stamp
+        assert stamp is not None
+        c = self.kvgov_clock
+        for b in blocks:
+            stamp[b.block_id] = c
+            c += 1
+        self.kvgov_clock = c
+
     def _kvgov_put(self, k: int, blocks: list[Any]) -> None:
         if k == BASE:
             super().append_n(blocks)
@@ -439,6 +456,35 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             if len(out) == n:
                 break
         return out
+
+    def _kvgov_by_priority(self, n: int, base_n: int, out: list[Any]) -> list[Any]:
+        """:meth:`popleft_n` without quotas: one list per priority (key), lowest first."""
+        levels = self.kvgov_levels
+        keys = [k for k, q in levels.items() if q.num_free_blocks]
+        if base_n:
+            keys.append(BASE)
+        keys.sort()
+        top = keys[-1]
+        report = self.kvgov_pool.kvgov_evicted
+        for k in keys:
+            if k == BASE:
+                t = n if n < base_n else base_n
+                blocks: list[Any] = super().popleft_n(t)
+                hashed = fence.hashed_blocks(blocks)
+            else:
+                q = levels[k]
+                size = q.num_free_blocks
+                t = n if n < size else size
+                blocks = hashed = q.popleft_n(t)
+                self.num_free_blocks -= t
+                self.kvgov_in_levels -= t
+            if hashed:
+                report(hashed, PRIORITY if k < top else CAPACITY)
+            out.extend(blocks)
+            n -= t
+            if not n:
+                return out
+        raise InternalError(f"the governed free queue is short of {n} blocks")
 
     def _kvgov_merge(self, n: int, batches: list[tuple[str, list[Any]]], *, floors: bool) -> int:
         """Take up to ``n`` cached blocks, lowest priority first and LRU within a priority
