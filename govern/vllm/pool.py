@@ -35,7 +35,8 @@ Block 0 is vLLM's null block (a placeholder never handed out); it counts as FREE
 
 The pool is adopted in place (``adopt``): the coordinator, the managers and
 every ``KVCacheBlock.pool`` already point at vLLM's object, so re-classing it
-changes no reference and patches no module.
+changes no reference and patches no module. Its free queue is adopted the same
+way when an eviction policy needs it (:class:`~.free_queue.GovernedFreeQueue`).
 """
 
 from __future__ import annotations
@@ -73,10 +74,11 @@ KeyedHook = Callable[[Any, list[int]], None]
 class GovernedBlockPool(BlockPool):
     """vLLM's ``BlockPool`` plus zeroing orders and kvgov's pool events.
 
-    Behaviour is vLLM's: which block is handed out, hit, cached or evicted does
-    not change; only a request the binding marked not cacheable caches nothing.
-    Without a binding attached (vLLM's own pool tests build it directly) it is
-    a pure observer.
+    Behaviour is vLLM's, but for two things: a request the binding marked not
+    cacheable caches nothing, and once the policy sets a priority other than the
+    default or a quota, the free queue takes cached blocks in the policy's order
+    (:meth:`kvgov_queue`, :mod:`.free_queue`). Without a binding attached (vLLM's
+    own pool tests build it directly) it is a pure observer.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
