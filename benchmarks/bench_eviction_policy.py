@@ -1,15 +1,23 @@
-"""Eviction as policy on kvgov's own pool: hit rates and cost, side by side.
+"""Eviction as policy on kvgov's own pool and on vLLM's: hit rates and cost, side by side.
 
-Scenarios (synthetic, on ``BlockPool`` directly so a run takes seconds):
+Scenarios (on the pools directly, no model, so a run takes a minute or two):
 
-* durable prefix under flood: 8 tenants re-send their system prompts while one
-  tenant floods distinct long prompts; the system prompts' hit rate with plain
-  LRU, with priorities (system 90, flood 10), and with a cap on the flooder.
+* durable prefix under flood (``eviction_streams.py``): 8 tenants re-send their
+  system prompts while one tenant floods, a synthetic flood of distinct long
+  prompts and the Mooncake conversation trace; the system prompts' hit rate with
+  plain LRU, with priorities (system 90, flood 10), and with a cap on the flooder,
+  on kvgov's pool and on vLLM 0.33's ``BlockPool`` (stock, and governed by the
+  binding's queue: :mod:`kvgov.govern.vllm.free_queue`). The vLLM rows come from
+  ``eviction_vllm.py``, run in ``.bench/vllm-venv`` (``make test-vllm`` builds it);
+  without that venv they are left out, and the run says so.
 * noisy neighbour: tenant B cycles a working set while tenant A floods; B's hit
   rate and its prefill blocks avoided without the flood, with it under plain LRU,
   and with it under quotas (A capped, B given a floor).
 * cost: microseconds per allocate-with-eviction, plain LRU vs priority levels vs
-  quotas (per-tenant queues merged in a heap).
+  quotas (per-tenant queues merged in a heap); on vLLM's pool, CPU time per request
+  of 8 blocks (get_new_blocks evicting 8, cache_full_blocks, free_blocks) stock,
+  governed with the default policy, with priorities and with quotas, in interleaved
+  rounds, as medians of the per-round ratios.
 
 Run: ``python benchmarks/bench_eviction_policy.py [--quick]``.
 """
@@ -17,12 +25,20 @@ Run: ``python benchmarks/bench_eviction_policy.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from eviction_streams import Request, durable_streams
 
 from kvgov.allocator import BlockPool, KVSpec, Quota
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".bench" / "vllm-venv" / "bin" / "python"
 
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=8, block_size=16, dtype=torch.float16)
 
@@ -37,21 +53,32 @@ def request(pool: BlockPool, keys: list[bytes], tenant: str, priority: int) -> t
     return len(hit), len(keys)
 
 
-def durable_prefix(mode: str, steps: int) -> float:
-    pool = BlockPool(SPEC, 512)
+def durable_prefix(mode: str, stream: list[Request], num_blocks: int) -> float:
+    """The system prompts' hit rate on kvgov's pool (``lru``: every priority 50)."""
+    pool = BlockPool(SPEC, num_blocks)
     if mode == "cap":
-        pool.set_quotas({"flood": Quota(cap=128)})
-    high, low = (90, 10) if mode == "priority" else (50, 50)
+        pool.set_quotas({"flood": Quota(cap=num_blocks // 4)})
     hits = total = 0
-    for i in range(steps):
-        t = i % 8
-        h, n = request(pool, [f"sys{t}-{j}".encode() for j in range(24)], f"t{t}", high)
-        if i >= 8:  # after the first round
+    for req in stream:
+        h, n = request(pool, req.hashes, req.tenant, req.priority if mode == "priority" else 50)
+        if req.counted:
             hits += h
             total += n
-        for _ in range(3):  # three flood requests per system-prompt request
-            request(pool, [f"flood{i}-{_}-{j}".encode() for j in range(32)], "flood", low)
     return hits / total
+
+
+def vllm_rows(quick: bool) -> list[dict[str, object]] | str:
+    """The rows of eviction_vllm.py (vLLM's pool), or why there are none."""
+    if not VLLM_PYTHON.exists():
+        return f"no vLLM venv at {VLLM_PYTHON} (make test-vllm builds it)"
+    cmd = [str(VLLM_PYTHON), str(Path(__file__).with_name("eviction_vllm.py"))]
+    run = subprocess.run(
+        [*cmd, *(["--quick"] if quick else [])], capture_output=True, text=True, check=False
+    )
+    if run.returncode:
+        return "eviction_vllm.py failed:\n" + run.stderr[-2000:]
+    rows: list[dict[str, object]] = [json.loads(line) for line in run.stdout.splitlines()]
+    return rows
 
 
 def noisy_neighbour(mode: str, steps: int) -> tuple[float, int]:
@@ -103,19 +130,56 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     steps = 200 if args.quick else 1000
-    print("durable prefix under flood (8 tenants' system prompts, 3 flood requests each)")
-    for mode in ("lru", "priority", "cap"):
-        print(f"  {mode:10s} system-prompt hit rate {durable_prefix(mode, steps):6.1%}")
+    vrows = vllm_rows(args.quick)
+    streams = durable_streams(args.quick)
+    print("durable prefix under flood: system-prompt hit rate (8 tenants at priority 90,")
+    print("one flooding at 10; cap: the flooder capped at a quarter of the pool)")
+    vmodes = ("vllm stock", "kvgov lru", "kvgov priority", "kvgov cap")
+    print(
+        f"  {'stream':10s} | kvgov pool: {'lru':>6s} {'priority':>8s} {'cap':>6s}"
+        f" | vLLM pool: {'stock':>6s} {'gov lru':>7s} {'priority':>8s} {'cap':>6s}"
+    )
+    for name, (stream, blocks) in streams.items():
+        native = [durable_prefix(m, stream, blocks) for m in ("lru", "priority", "cap")]
+        line = f"  {name:10s} | {'':12s}{native[0]:6.1%} {native[1]:8.1%} {native[2]:6.1%} |"
+        if isinstance(vrows, list):
+            rate = {
+                r["mode"]: float(r["hit_rate"])  # type: ignore[arg-type]
+                for r in vrows
+                if r.get("section") == "durable" and r["stream"] == name
+            }
+            line += f" {'':10s}" + " ".join(
+                f"{rate[m]:{w}.1%}" for m, w in zip(vmodes, (6, 7, 8, 6), strict=True)
+            )
+        print(line)
+    if isinstance(vrows, str):
+        print(f"  (vLLM pool: {vrows})")
     print("noisy neighbour (B cycles 48 prompts, A floods 24-block prompts)")
     for mode in ("no flood", "lru", "quotas"):
         rate, avoided = noisy_neighbour(mode, steps)
         print(f"  {mode:10s} B hit rate {rate:6.1%}  prefill blocks avoided {avoided}")
     ops = 2000 if args.quick else 10000
-    print("cost: µs per allocate(8)+key+free with eviction (best of 3)")
+    print("cost, kvgov's pool: µs per allocate(8)+key+free with eviction (best of 3)")
     base = best(lambda: cost("lru", ops), 3)
     for mode in ("lru", "priority", "quotas"):
         us = base if mode == "lru" else best(lambda m=mode: cost(m, ops), 3)  # type: ignore[misc]
         print(f"  {mode:10s} {us:7.1f} µs  {us / base:5.2f}x")
+    if isinstance(vrows, list):
+        (times,) = [r["times"] for r in vrows if r.get("section") == "cost"]
+        t: dict[str, list[float]] = times  # type: ignore[assignment]
+        print(
+            "cost, vLLM's pool: CPU µs per request of 8 blocks (get_new_blocks evicting 8,"
+            " cache, free);"
+        )
+        print("  medians of per-round ratios (interleaved rounds)")
+        for mode in ("stock", "lru", "priority", "quotas"):
+            vs_lru = statistics.median(a / b for a, b in zip(t[mode], t["lru"], strict=True))
+            vs_stock = statistics.median(a / b for a, b in zip(t[mode], t["stock"], strict=True))
+            label = {"stock": "vLLM stock", "lru": "gov lru"}.get(mode, f"gov {mode}")
+            print(
+                f"  {label:13s} {statistics.median(t[mode]):7.1f} µs  {vs_lru:5.2f}x gov lru"
+                f"  {vs_stock:5.2f}x stock"
+            )
 
 
 if __name__ == "__main__":

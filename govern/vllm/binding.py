@@ -22,10 +22,14 @@ governor's (:class:`~kvgov.govern.governor.Governor`); its pool calls reach vLLM
 Everything here runs on the engine core's thread: the scheduler's calls, and
 engine utility calls (``kvgov_call``), which vLLM runs between steps.
 
+Eviction is the policy's: the admission decision's priority (a request may ask
+with ``kvgov_priority``; the policy caps it), its tenant's priority duration and
+floor and cap order vLLM's free queue (:mod:`.free_queue`); the default policy
+leaves vLLM's LRU order as it is.
+
 Limits (see docs/vllm.md): a request reads one namespace, the one it publishes
 in (vLLM keeps one hash chain per request), so a share group's readers that do
-not publish there find nothing; eviction priorities are vLLM's (LRU), the
-admission policy's priority is recorded, not applied.
+not publish there find nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvgov.audit import AuditEvent, EventType
-from kvgov.defaults import ZEROIZATION_DONE_FLUSH_SECONDS
+from kvgov.defaults import (
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    ZEROIZATION_DONE_FLUSH_SECONDS,
+)
 from kvgov.exceptions import (
     AuditUnavailable,
     InvalidArgument,
@@ -62,7 +71,11 @@ from .request_state import RequestGovernance
 from .requests import governed_block_hasher, has_extra_keys
 from .settings import BindingSettings
 
-__all__ = ["SCOPE_PATH", "VllmGovernance"]
+__all__ = ["PRIORITY_KEY", "SCOPE_PATH", "VllmGovernance"]
+
+#: ``extra_args`` key of a request's eviction priority hint (0-100): the admission policy
+#: accepts it, capped by its tenant's ``max_priority``.
+PRIORITY_KEY = "kvgov_priority"
 
 _log = logging.getLogger("kvgov.vllm")
 
@@ -103,6 +116,7 @@ class VllmGovernance:
         self._done_since: float | None = None
         pool.kvgov_keyed = self._keyed
         pool.kvgov_owner_table = governor.ledger.owners.table
+        pool.kvgov_now = governor.clock
 
     @classmethod
     def open(
@@ -151,6 +165,9 @@ class VllmGovernance:
                 block_size=block_size,
                 clock=clock,
             )
+            # floors, caps and priority durations: validated against this pool now (a
+            # bundle whose floors do not fit refuses to start), enforced in vLLM's queue
+            governor.sync_eviction()
             return cls(
                 governor=governor,
                 pool=pool,
@@ -229,10 +246,17 @@ class VllmGovernance:
             scope = self.resolver.resolve(extra_args, request.lora_request)
         except (InvalidScope, ScopeTokenError, PoolClosed) as exc:
             return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
+        hint = extra_args.get(PRIORITY_KEY) if extra_args else None
+        if hint is not None and (type(hint) is not int or not MIN_PRIORITY <= hint <= MAX_PRIORITY):
+            problem = (
+                f"{PRIORITY_KEY} must be an integer {MIN_PRIORITY}..{MAX_PRIORITY}, "
+                f"got {str(hint)[:64]!r}"
+            )
+            return refuse(gov.ledger, gov.audit, seq_id, num_tokens, problem, extra_args)
         try:
             gov.check_not_purging(scope.tenant)
             view = gov.admission_view(scope, seq_id, num_tokens)
-            adm = gov.decide(view, seq_id, num_tokens, None)
+            adm = gov.decide(view, seq_id, num_tokens, hint)
             # namespaces and retention only: the hasher derives the keys (with extra keys)
             plan = gov.plan(view, b"", bool(adm.cache), 0)
         except PolicyDenied as exc:  # audited by the governor
@@ -251,6 +275,7 @@ class VllmGovernance:
             block_size=self.block_size,
             has_extra=has_extra_keys(request),
             lookahead=self.lookahead,
+            requested_priority=hint,
         )
         fence.set_governance(request, state)
         if fence.block_hasher(request) is not None:  # None: prefix caching is off, nothing hashed
@@ -346,7 +371,7 @@ class VllmGovernance:
                 num_tokens=state.num_tokens,
                 cacheable=state.cacheable,
                 ttl=state.plan.ttl,
-                requested_priority=None,
+                requested_priority=state.requested_priority,
                 cached_tokens=len(hit_ids) * self.block_size if hit_tokens is None else hit_tokens,
             )
         if hit_ids:
@@ -361,10 +386,48 @@ class VllmGovernance:
             )
 
     def _keyed(self, request: Any, block_ids: list[int]) -> None:
-        """vLLM cached the request's full blocks: give them the request's retention."""
+        """vLLM cached the request's full blocks: give them the request's retention, and
+        its eviction priority, duration and quota group (its tenant's)."""
         state: RequestGovernance | None = fence.governance_of(request)
-        if state is not None and state.plan.ttl is not None:
+        queue = self.pool.kvgov_governed
+        if state is None:
+            if queue is not None:
+                queue.kvgov_keyed(block_ids, DEFAULT_PRIORITY, 0, None)
+            return
+        if state.plan.ttl is not None:
             self.gov.ledger.deadlines.keyed(block_ids, state.plan.ttl)
+        priority = state.adm.priority
+        if queue is None:
+            if priority == DEFAULT_PRIORITY:
+                return  # the default policy: vLLM's queue, vLLM's order
+            queue = self.pool.kvgov_queue()
+        tenant = state.view.scope.tenant
+        queue.kvgov_keyed(
+            block_ids, priority, queue.kvgov_group(tenant), self._deadline(state, priority)
+        )
+
+    def _deadline(self, state: RequestGovernance, priority: int) -> float | None:
+        """When a block this request caches at ``priority`` decays (None: never)."""
+        if priority == DEFAULT_PRIORITY:
+            return None
+        duration = self.gov.ledger.eviction.durations.get(state.view.scope.tenant)
+        return None if duration is None else self.gov.clock() + duration
+
+    def allocating(self, request: Any) -> bool:
+        """vLLM is about to allocate for ``request``: its tenant's cap applies (True when
+        quotas are in force; :meth:`allocated_done` ends it)."""
+        queue = self.pool.kvgov_governed
+        if queue is None or not queue.kvgov_quotas:
+            return False
+        state: RequestGovernance | None = fence.governance_of(request)
+        queue.kvgov_allocating = queue.kvgov_group(state.view.scope.tenant) if state else 0
+        return True
+
+    def allocated_done(self) -> None:
+        """The allocation :meth:`allocating` announced is over."""
+        queue = self.pool.kvgov_governed
+        if queue is not None:
+            queue.kvgov_allocating = 0
 
     # ------------------------------------------------------------------ steps
 

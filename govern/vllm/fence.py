@@ -68,13 +68,16 @@ __all__ = [
     "error_output",
     "evict_cached_block",
     "finish_output_request",
+    "first_free",
     "force_kv_cache_zeroing",
     "free_request",
     "governance_of",
     "hash_lookahead_tokens",
     "hashed_ahead",
     "hashed_block_ids",
+    "hashed_blocks",
     "kv_cache_zeroing_forced",
+    "leading_unhashed",
     "lookahead_extra_keys",
     "needs_frontend_shim",
     "reclass",
@@ -222,6 +225,16 @@ TOUCHED: tuple[Touch, ...] = (
         _SAME,
     ),
     Touch(
+        "FreeKVCacheBlockQueue",
+        "re-class",
+        "vllm.v1.core.kv_cache_utils",
+        "the pool's free queue becomes a GovernedFreeQueue in place once a policy sets a "
+        "priority other than the default or a quota: cached blocks then wait in one vLLM "
+        "queue per (tenant quota group, priority), and allocation takes them in the policy's "
+        "order; with the default policy vLLM's queue is left as it is",
+        _SAME,
+    ),
+    Touch(
         "BlockPool._maybe_evict_cached_block",
         "private method (call)",
         "vllm.v1.core.block_pool",
@@ -366,6 +379,35 @@ def hashed_ahead(queue: Any, n: int, extra: Any) -> list[Any]:
                 hashed.append(blk)
             blk = blk.next_free_block
     return hashed
+
+
+def first_free(queue: Any) -> Any:
+    """The block at the head of a ``FreeKVCacheBlockQueue`` (the next it hands out), or None.
+
+    Reads ``fake_free_list_head.next_free_block``; the fake tail (no next block) is None.
+    """
+    blk = queue.fake_free_list_head.next_free_block
+    return blk if blk is not None and blk.next_free_block is not None else None
+
+
+def leading_unhashed(queue: Any, n: int) -> int:
+    """How many of the first ``n`` blocks of vLLM's free queue hold no prefix-cache hash.
+
+    Counts from the head (``fake_free_list_head``) and stops at the first hashed block:
+    vLLM puts the blocks freed without a hash at the front (they are reused first). The
+    caller checks ``n`` against the blocks the queue holds.
+    """
+    blk = queue.fake_free_list_head.next_free_block
+    k = 0
+    while k < n and blk._block_hash is None:
+        k += 1
+        blk = blk.next_free_block
+    return k
+
+
+def hashed_blocks(blocks: Any) -> list[Any]:
+    """The blocks that hold a prefix-cache hash (``_block_hash``), the null block left out."""
+    return [b for b in blocks if b._block_hash is not None and not b.is_null]
 
 
 def hashed_block_ids(blocks: Any) -> list[int]:

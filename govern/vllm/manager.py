@@ -81,10 +81,20 @@ class GovernedKVCacheManager(KVCacheManager):
         **kwargs: Any,
     ) -> Any:
         local = request.num_computed_tokens + num_new_computed_tokens
-        result = super().allocate_slots(
-            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, *args, **kwargs
-        )
         binding = self.kvgov
+        capped = binding is not None and binding.allocating(request)  # its tenant's cap
+        try:
+            result = super().allocate_slots(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                *args,
+                **kwargs,
+            )
+        finally:
+            if capped:
+                binding.allocated_done()  # type: ignore[union-attr]
         if binding is not None and result is not None:
             hit: list[Any] = []
             if num_new_computed_tokens and new_computed_blocks is not None:

@@ -35,12 +35,14 @@ Block 0 is vLLM's null block (a placeholder never handed out); it counts as FREE
 
 The pool is adopted in place (``adopt``): the coordinator, the managers and
 every ``KVCacheBlock.pool`` already point at vLLM's object, so re-classing it
-changes no reference and patches no module.
+changes no reference and patches no module. Its free queue is adopted the same
+way when an eviction policy needs it (:class:`~.free_queue.GovernedFreeQueue`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
@@ -53,12 +55,15 @@ from kvgov.allocator import (
     BlocksZeroized,
     PoolCounts,
     PoolEvent,
+    Quota,
     Revoked,
 )
+from kvgov.allocator.quota import check_quotas
 from kvgov.exceptions import InvalidSpec, UnknownBlock, UnsupportedEngine
 
 from . import fence
 from .fence import block_hash
+from .free_queue import GovernedFreeQueue
 
 __all__ = ["GovernedBlockPool", "KeyedHook", "VllmPoolAdapter"]
 
@@ -69,10 +74,11 @@ KeyedHook = Callable[[Any, list[int]], None]
 class GovernedBlockPool(BlockPool):
     """vLLM's ``BlockPool`` plus zeroing orders and kvgov's pool events.
 
-    Behaviour is vLLM's: which block is handed out, hit, cached or evicted does
-    not change; only a request the binding marked not cacheable caches nothing.
-    Without a binding attached (vLLM's own pool tests build it directly) it is
-    a pure observer.
+    Behaviour is vLLM's, but for two things: a request the binding marked not
+    cacheable caches nothing, and once the policy sets a priority other than the
+    default or a quota, the free queue takes cached blocks in the policy's order
+    (:meth:`kvgov_queue`, :mod:`.free_queue`). Without a binding attached (vLLM's
+    own pool tests build it directly) it is a pure observer.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -100,6 +106,10 @@ class GovernedBlockPool(BlockPool):
         # Bytes one block holds in the workers, and where (for zeroization events).
         self.kvgov_bytes_per_block = 0
         self.kvgov_device = "vllm-worker"
+        # The free queue in the policy's order, once a policy needs one (kvgov_queue).
+        self.kvgov_governed: GovernedFreeQueue | None = None
+        # The binding's clock (priority durations).
+        self.kvgov_now: Callable[[], float] = time.time
 
     @classmethod
     def adopt(cls, pool: BlockPool) -> GovernedBlockPool:
@@ -109,6 +119,21 @@ class GovernedBlockPool(BlockPool):
         governed = fence.reclass(pool, cls)
         governed.kvgov_init()
         return governed
+
+    def kvgov_queue(self) -> GovernedFreeQueue:
+        """The free queue in the policy's eviction order: vLLM's, re-classed on first need
+        (a priority other than the default, or quotas); see :mod:`.free_queue`."""
+        queue = self.kvgov_governed
+        if queue is None:
+            queue = self.kvgov_governed = GovernedFreeQueue.adopt(self)
+        return queue
+
+    def kvgov_set_quotas(self, quotas: Mapping[str, Quota]) -> None:
+        """Apply validated per-tenant floors and caps (empty: none); a tenant over its new
+        cap loses its excess now (reason ``cap``)."""
+        if not quotas and self.kvgov_governed is None:
+            return
+        self.kvgov_queue().kvgov_set_quotas(quotas)
 
     def take_zero_orders(self) -> tuple[list[int], list[tuple[int, Any]]]:
         """The block ids ordered zeroed since the last call, and whose zeroing each carries.
@@ -171,13 +196,18 @@ class GovernedBlockPool(BlockPool):
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         # With caching on vLLM evicts lazily here: it hands out the first n blocks of
         # its free queue, dropping the hash of those that still have one. Peek at them
-        # first (one walk, cheaper than wrapping the per-block eviction call).
-        if self.enable_caching and 0 < num_blocks <= self.free_block_queue.num_free_blocks:
+        # first (one walk, cheaper than wrapping the per-block eviction call). A governed
+        # queue chooses and reports them itself, with their reasons.
+        if (
+            self.enable_caching
+            and self.kvgov_governed is None
+            and 0 < num_blocks <= self.free_block_queue.num_free_blocks
+        ):
             evicted = fence.hashed_ahead(
                 self.free_block_queue, num_blocks, self.cached_block_hashes_by_block
             )
             if evicted:
-                self._kvgov_evicted(evicted, "capacity")
+                self.kvgov_evicted(evicted, "capacity")
         blocks: list[KVCacheBlock] = super().get_new_blocks(num_blocks)
         return blocks
 
@@ -210,6 +240,9 @@ class GovernedBlockPool(BlockPool):
             self.kvgov_events.append(BlocksCached(tuple(cached)))
         if freed:
             self._kvgov_order_zero(freed, merge=True)
+        queue = self.kvgov_governed
+        if queue is not None and queue.kvgov_over:  # a tenant went over its cap
+            queue.kvgov_trim()
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """vLLM's public eviction (KV connectors); kvgov's own goes through :meth:`kvgov_evict`."""
@@ -226,6 +259,8 @@ class GovernedBlockPool(BlockPool):
                 BlocksEvicted(tuple(ids), tuple(get_block_hash(k) for k in keys), "reset")
             )
             self._kvgov_order_zero(ids)
+        if self.kvgov_governed is not None:
+            self.kvgov_governed.kvgov_flatten()
         return True
 
     # Paths a single full-attention group never takes (the scheduler refuses the configs
@@ -282,12 +317,23 @@ class GovernedBlockPool(BlockPool):
                 hashed.append(b)
         free_now = [b for b in hashed if b.ref_cnt == 0]
         if free_now:
-            self._kvgov_evicted(free_now, reason)
+            self.kvgov_evicted(free_now, reason)
+        queue = self.kvgov_governed
+        moved = queue.kvgov_detach(free_now) if queue is not None and free_now else []
         for b in hashed:
             fence.evict_cached_block(self, b)
+        if moved:  # out of the per-priority lists: no hash now, reused first
+            queue.kvgov_to_front(moved)  # type: ignore[union-attr]
         return [b.block_id for b in free_now], [b.block_id for b in hashed if b.ref_cnt]
 
-    def _kvgov_evicted(self, blocks: list[KVCacheBlock], reason: str) -> None:
+    def kvgov_drop(self, blocks: list[KVCacheBlock], reason: str) -> None:
+        """Evict free cached blocks the governed queue took out of its lists (a cap):
+        report them, order them zeroed, drop their hashes."""
+        self.kvgov_evicted(blocks, reason)
+        for b in blocks:
+            fence.evict_cached_block(self, b)
+
+    def kvgov_evicted(self, blocks: list[KVCacheBlock], reason: str) -> None:
         """Report cached blocks leaving their owner (called before vLLM drops their hash)."""
         ids = [b.block_id for b in blocks]
         keys = tuple(get_block_hash(k) if (k := block_hash(b)) else b"" for b in blocks)
@@ -358,6 +404,16 @@ class VllmPoolAdapter:
     def bytes_per_block(self) -> int:
         """Bytes of KV one block holds across its layers, per worker."""
         return self._bytes_per_block
+
+    def set_quotas(self, quotas: Mapping[str, Quota] | None) -> None:
+        """Every tenant's floor and cap on CACHED blocks, enforced in vLLM's free queue
+        (:mod:`.free_queue`); None or empty: none.
+
+        Raises:
+            InvalidQuota: a quota is malformed or the floors add up to more than the
+                pool (nothing changed).
+        """
+        self._pool.kvgov_set_quotas(check_quotas(quotas or {}, self.num_blocks))
 
     def evict(self, block_ids: Iterable[int], reason: str) -> list[int]:
         """Evict the CACHED blocks among ``block_ids`` (retention expiry); others are left.

@@ -39,6 +39,7 @@ class RequestGovernance:
         "lookahead",
         "num_tokens",
         "plan",
+        "requested_priority",
         "root",
         "seq_id",
         "shared",
@@ -57,6 +58,7 @@ class RequestGovernance:
         block_size: int,
         has_extra: bool,
         lookahead: int = 0,
+        requested_priority: int | None = None,
     ) -> None:
         self.seq_id = seq_id  # vLLM's request id
         self.num_tokens = num_tokens  # prompt tokens at admission
@@ -72,6 +74,7 @@ class RequestGovernance:
         self.cacheable = plan.cacheable  # admission said cache; purge/invalidate/rotate clear it
         self.admitted = False  # its admission event is written (at its first allocation)
         self.granted: dict[Any, Any] = {}  # the sharing decisions of its last judged lookup
+        self.requested_priority = requested_priority  # its kvgov_priority hint, or None
 
     @property
     def scope(self) -> CacheScope:
