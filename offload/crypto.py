@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from kvgov.exceptions import DataKeyDestroyed, ObjectTampered
 
-from .objects import FORMAT_VERSION, NONCE_BYTES, SALT_BYTES, SealedBlock
+from .objects import FORMAT_VERSION, NONCE_BYTES, SALT_BYTES, SealedBlock, encoded_buffer
 
 __all__ = [
     "MAX_MESSAGES_PER_SESSION",
@@ -256,6 +256,22 @@ def seal(
         deadline_us=deadline_us,
         written_us=written_us,
     )
+    # encrypted straight into the encoded object's buffer: a byte-oriented tier sends or
+    # writes that buffer as it is (a separate ciphertext joined to its header afterwards
+    # cost a sealed Redis save about twice a plain SET of the same bytes)
+    buf, at = encoded_buffer(
+        block_key=block_key,
+        scope_digest=scope_digest,
+        tenant=key.tenant,
+        deadline_us=deadline_us,
+        written_us=written_us,
+        key_id=key.key_id,
+        salt=salt,
+        nonce=nonce,
+        payload_bytes=memoryview(payload).nbytes,
+    )
+    aead.encrypt_into(nonce, payload, aad, memoryview(buf)[at:])
+    whole = memoryview(buf).toreadonly()
     return SealedBlock(
         block_key=block_key,
         scope_digest=scope_digest,
@@ -265,8 +281,8 @@ def seal(
         key_id=key.key_id,
         salt=salt,
         nonce=nonce,
-        ciphertext=aead.encrypt(nonce, payload, aad),
-    )
+        ciphertext=whole[at:],
+    ).sealed_into(whole)
 
 
 def open_sealed(

@@ -31,7 +31,7 @@ is refused as :class:`~kvgov.exceptions.ObjectCorrupt` before any decryption.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from kvgov.exceptions import InternalError, ObjectCorrupt
@@ -47,6 +47,7 @@ __all__ = [
     "SealedBlock",
     "decode",
     "encode",
+    "encoded_buffer",
     "encoded_nbytes",
 ]
 
@@ -125,6 +126,17 @@ class SealedBlock:
     ciphertext: bytes | memoryview
     #: Object format (see the module docstring).
     format_version: int = FORMAT_VERSION
+    #: The whole encoded object (read-only), when the sealer encrypted straight into it
+    #: (:func:`encoded_buffer`): :func:`encode` returns it without a copy. Not an
+    #: ``__init__`` argument: only :meth:`sealed_into` sets it, so an object built or
+    #: ``dataclasses.replace``-d from another never carries a stale encoding.
+    encoded: memoryview | None = field(default=None, init=False, compare=False, repr=False)
+
+    def sealed_into(self, whole: memoryview) -> SealedBlock:
+        """This object, recording ``whole`` as its encoding (the sealer's buffer, whose
+        tail is :attr:`ciphertext`); returns ``self``."""
+        object.__setattr__(self, "encoded", whole)
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -143,38 +155,107 @@ class SealedBlock:
         )
 
 
-def encode(obj: SealedBlock) -> bytes:
+def _prefix(
+    *,
+    format_version: int,
+    block_key: bytes,
+    scope_digest: bytes,
+    tenant: str,
+    deadline_us: int,
+    written_us: int,
+    key_id: bytes,
+    salt: bytes,
+    nonce: bytes,
+    ciphertext_bytes: int,
+) -> bytes:
+    """The header and the three variable fields: everything before the ciphertext."""
+    tenant_bytes = tenant.encode("utf-8")
+    if not (0 < len(block_key) < 256 and 0 < len(scope_digest) < 256):
+        raise InternalError("a sealed block's key or scope digest is empty or over 255 bytes")
+    if not 0 < len(tenant_bytes) < 65536:
+        raise InternalError("a sealed block's tenant is empty or over 65535 bytes")
+    header = _HEADER.pack(
+        _MAGIC,
+        format_version,
+        len(block_key),
+        len(scope_digest),
+        len(tenant_bytes),
+        deadline_us,
+        written_us,
+        key_id,
+        salt,
+        nonce,
+        ciphertext_bytes,
+    )
+    return b"".join((header, block_key, scope_digest, tenant_bytes))
+
+
+def encoded_buffer(
+    *,
+    block_key: bytes,
+    scope_digest: bytes,
+    tenant: str,
+    deadline_us: int,
+    written_us: int,
+    key_id: bytes,
+    salt: bytes,
+    nonce: bytes,
+    payload_bytes: int,
+) -> tuple[bytearray, int]:
+    """A buffer for a whole encoded object, its header and fields written; the sealer
+    encrypts the payload straight into the rest (no copy of the ciphertext afterwards).
+
+    Returns:
+        The buffer, and the offset at which the ciphertext (and its tag) go.
+
+    Raises:
+        InternalError: a field does not fit its length field.
+    """
+    prefix = _prefix(
+        format_version=FORMAT_VERSION,
+        block_key=block_key,
+        scope_digest=scope_digest,
+        tenant=tenant,
+        deadline_us=deadline_us,
+        written_us=written_us,
+        key_id=key_id,
+        salt=salt,
+        nonce=nonce,
+        ciphertext_bytes=payload_bytes + TAG_BYTES,
+    )
+    buf = bytearray(len(prefix) + payload_bytes + TAG_BYTES)
+    buf[: len(prefix)] = prefix
+    return buf, len(prefix)
+
+
+def encode(obj: SealedBlock) -> bytes | memoryview:
     """Serialize an object for a byte-oriented tier (layout in the module docstring).
 
     Args:
         obj: the object.
 
     Returns:
-        Its encoded bytes.
+        Its encoded bytes: the sealer's own buffer where it encrypted into one.
 
     Raises:
         InternalError: a field does not fit its length field (the sealer validates
             them first, so this is a bug).
     """
-    tenant = obj.tenant.encode("utf-8")
-    if not (0 < len(obj.block_key) < 256 and 0 < len(obj.scope_digest) < 256):
-        raise InternalError("a sealed block's key or scope digest is empty or over 255 bytes")
-    if not 0 < len(tenant) < 65536:
-        raise InternalError("a sealed block's tenant is empty or over 65535 bytes")
-    header = _HEADER.pack(
-        _MAGIC,
-        obj.format_version,
-        len(obj.block_key),
-        len(obj.scope_digest),
-        len(tenant),
-        obj.deadline_us,
-        obj.written_us,
-        obj.key_id,
-        obj.salt,
-        obj.nonce,
-        len(obj.ciphertext),
+    if obj.encoded is not None:
+        return obj.encoded
+    prefix = _prefix(
+        format_version=obj.format_version,
+        block_key=obj.block_key,
+        scope_digest=obj.scope_digest,
+        tenant=obj.tenant,
+        deadline_us=obj.deadline_us,
+        written_us=obj.written_us,
+        key_id=obj.key_id,
+        salt=obj.salt,
+        nonce=obj.nonce,
+        ciphertext_bytes=len(obj.ciphertext),
     )
-    return b"".join((header, obj.block_key, obj.scope_digest, tenant, obj.ciphertext))
+    return b"".join((prefix, obj.ciphertext))
 
 
 def decode(data: bytes | memoryview, *, tier: str, block_key: bytes) -> SealedBlock:

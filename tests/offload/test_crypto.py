@@ -219,3 +219,19 @@ def test_sealed_objects_survive_encoding() -> None:
     assert open_sealed(key, back, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32) == (
         b"kv" * 10
     )
+
+
+def test_a_sealed_object_is_encoded_in_its_own_buffer_byte_for_byte() -> None:
+    """The sealer encrypts straight into the encoded object: encode() returns that buffer,
+    byte-identical to the layout joined field by field, and an object replaced from it
+    (another ciphertext, another header) never carries the stale buffer."""
+    obj = seal(_key(), payload=b"kv" * 300, **ARGS)
+    fast = encode(obj)
+    assert isinstance(fast, memoryview) and fast.readonly
+    joined = encode(dataclasses.replace(obj))  # no buffer: joined from the fields
+    assert isinstance(joined, bytes) and bytes(fast) == joined
+    back = decode(fast, tier=ARGS["tier"], block_key=ARGS["block_key"])
+    opened = open_sealed(_key(), back, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32)
+    assert back == obj and opened == b"kv" * 300
+    other = dataclasses.replace(obj, deadline_us=obj.deadline_us + 1)
+    assert other.encoded is None and bytes(encode(other)) != bytes(fast)
