@@ -82,7 +82,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@set -e; for b in benchmarks/bench_allocator.py benchmarks/bench_policy.py \
 	    benchmarks/bench_audit.py benchmarks/bench_offload.py benchmarks/bench_governed.py \
-	    benchmarks/bench_offload_replay.py; do \
+	    benchmarks/bench_offload_replay.py "benchmarks/bench_fleet.py --tier-only"; do \
 	  echo "== $$b"; $(PY) $$b; done
 
 bench-vllm: $(STAMP)

