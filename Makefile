@@ -79,16 +79,21 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# BENCH_ARGS=--quick (what .ci/run passes): every benchmark with fewer rounds, a smoke
+# run that proves they run and prints indicative figures; the figures docs/ quotes come
+# from full runs (no BENCH_ARGS).
+BENCH_ARGS ?=
+
 bench: $(STAMP)
 	@set -e; for b in benchmarks/bench_allocator.py benchmarks/bench_policy.py \
 	    benchmarks/bench_audit.py benchmarks/bench_offload.py benchmarks/bench_governed.py \
 	    benchmarks/bench_offload_replay.py "benchmarks/bench_fleet.py --tier-only"; do \
-	  echo "== $$b"; $(PY) $$b; done
+	  echo "== $$b"; $(PY) $$b $(BENCH_ARGS); done
 
 bench-vllm: $(STAMP)
-	$(PY) benchmarks/bench_vs_vllm.py
-	$(PY) benchmarks/bench_vllm_binding.py
-	$(PY) benchmarks/bench_vllm_binding.py --prompt 4096 --rounds 5
+	$(PY) benchmarks/bench_vs_vllm.py $(BENCH_ARGS)
+	$(PY) benchmarks/bench_vllm_binding.py $(BENCH_ARGS)
+	$(PY) benchmarks/bench_vllm_binding.py --prompt 4096 --rounds 5 $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info

@@ -242,8 +242,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="TTFT rounds (fresh prompts)")
     parser.add_argument("--blocks", type=int, default=16, help="blocks per tier round")
     parser.add_argument("--tier-rounds", type=int, default=8, help="rounds over the blocks")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 TTFT round, 3 tier rounds (CI's smoke run)"
+    )
     parser.add_argument("--work", type=Path, default=REPO / ".bench" / "fleet-bench")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.tier_rounds = 1, 3
     # a benchmark prints its targets met or missed; it fails only if it cannot run
     if not args.tier_only:
         report_servers(bench_servers(args.rounds, args.work))
