@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,8 @@ from kvgov.exceptions import AuditUnavailable
 from tests.support.pg_proxy import ProxiedPg
 
 from .conftest import FaultReport
+from .load import Load
+from .load import seq as _seq
 
 pytestmark = pytest.mark.postgres
 
@@ -47,52 +48,6 @@ def _stored(url: str, stream: str) -> set[int]:
     finally:
         engine.dispose()
     return {int(r[0]) for r in rows}
-
-
-def _seq(event_id: str) -> int:
-    return int(event_id.rsplit(":", 1)[1])
-
-
-@dataclass
-class Load:
-    """Records events on a thread: ordinary ones, and an erasure every 25th."""
-
-    log: AuditLog
-    ordinary: list[str] = field(default_factory=list)
-    critical: list[str] = field(default_factory=list)
-    refused: int = 0
-    slowest_critical: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(BOUND)
-        assert not self._thread.is_alive(), "a caller stalled on the audit trail"
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            i += 1
-            if i % 25 == 0:
-                t0 = time.monotonic()
-                try:
-                    self.critical.append(
-                        self.log.record(AuditEvent(EventType.ERASURE, tenant=f"t{i}"))
-                    )
-                except AuditUnavailable:
-                    self.refused += 1  # the cache refuses the act; nothing is acknowledged
-                self.slowest_critical = max(self.slowest_critical, time.monotonic() - t0)
-            else:
-                self.ordinary.append(
-                    self.log.record(AuditEvent(EventType.ADMISSION, tenant="acme"))
-                )
-            time.sleep(0.001)
 
 
 def _kept(spool: Path) -> set[int]:

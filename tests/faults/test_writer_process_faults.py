@@ -16,10 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,8 @@ from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditUnavailable
 
 from .conftest import FaultReport
+from .load import Load
+from .load import seq as _seq
 
 BOUND = 20.0  # seconds: a writer process starts within this even on a loaded machine
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,10 +47,6 @@ def _rows(url: str, stream: str) -> list[tuple[int, str, str]]:
     finally:
         engine.dispose()
     return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
-
-
-def _seq(event_id: str) -> int:
-    return int(event_id.rsplit(":", 1)[1])
 
 
 def _wait(pred: Callable[[], bool], what: str, bound: float = BOUND) -> None:
@@ -82,52 +78,12 @@ def _down(log: ProcessAuditLog) -> bool:
     return False
 
 
-@dataclass
-class Load:
-    """Records on a thread: ordinary events, and an erasure (critical) every 25th."""
-
-    log: AuditLog
-    ordinary: list[str] = field(default_factory=list)
-    critical: list[str] = field(default_factory=list)
-    refused: int = 0
-    slowest_critical: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(BOUND)
-        assert not self._thread.is_alive(), "a caller stalled on the audit trail"
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            i += 1
-            if i % 25 == 0:
-                t0 = time.monotonic()
-                try:
-                    self.critical.append(
-                        self.log.record(AuditEvent(EventType.ERASURE, tenant=f"t{i}"))
-                    )
-                except AuditUnavailable:
-                    self.refused += 1  # the cache refuses the act; nothing is acknowledged
-                self.slowest_critical = max(self.slowest_critical, time.monotonic() - t0)
-            else:
-                self.ordinary.append(self.log.record(AuditEvent(EventType.ADMISSION, tenant="a")))
-            time.sleep(0.001)
-
-
 def test_writer_process_killed_twice_during_load(tmp_path: Path, fault_report: FaultReport) -> None:
     """SIGKILL of the writer process under load, twice: a new one continues the chain,
     every acknowledged event is stored, no hole, no gap event; erasures fail closed
     while no writer serves."""
     log = _log(tmp_path, "killed")
-    load = Load(log)
+    load = Load(log, bound=BOUND)
     load.start()
     pids = []
     try:

@@ -8,8 +8,13 @@ runs them. Each module starts its engines once (module fixtures): a start costs 
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -18,6 +23,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 SECRET = "e2e-cache-key-secret-" + "s" * 24  # KVGOV_KEY_SECRET: at least 32 bytes
 TOKEN_KEY = "e2e-scope-token-key-" + "t" * 24  # KVGOV_SCOPE_TOKEN_KEY, shared with the "front end"
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +34,127 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-opt")
     vllm_cpu_tiny_model.write(str(out))
     return out
+
+
+def start_llm(model: Path, governed: bool, kvgov: dict[str, Any], **settings: Any) -> Any:
+    """``LLM(...)`` in-process on the tiny model's settings: dummy weights, float32, the
+    block size and model length of ``vllm_cpu_env``, prefix caching on, the KV probe as the
+    worker extension (``collective_rpc("kvgov_kv_state")``). Governed: kvgov's scheduler,
+    ``additional_config={"kvgov": kvgov}``; stock: kvgov's plugin excluded. ``settings``
+    are the module's own (``num_gpu_blocks_override``, a speculative config, ...)."""
+    from vllm import LLM
+    from vllm_cpu_env import BLOCK_SIZE, GOVERNED_SCHEDULER, KV_PROBE, MAX_MODEL_LEN, engine_env
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(engine_env(governed, {"KVGOV_KEY_SECRET": SECRET}))  # the engine core's
+    if governed:
+        settings.update(scheduler_cls=GOVERNED_SCHEDULER, additional_config={"kvgov": kvgov})
+    try:
+        return LLM(
+            model=str(model),
+            load_format="dummy",
+            dtype="float32",
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            worker_extension_cls=KV_PROBE,
+            **settings,
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextmanager
+def engine_pair(start: Callable[[bool], Any]) -> Iterator[tuple[Any, Any]]:
+    """Stock and governed engines (``start(governed)``), shut down after the module."""
+    started = time.monotonic()
+    stock = start(False)
+    governed = None
+    try:
+        governed = start(True)
+        print(f"\nLLM starts (both): {time.monotonic() - started:.0f} s")
+        yield stock, governed
+    finally:
+        for llm in (governed, stock):
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
+
+
+def poll(read: Callable[[], T], empty: Callable[[T], bool], settle: float) -> T:
+    """``read()`` until ``empty`` of it or ``settle`` s have passed (an idle engine carries
+    the zeroing of blocks that just left an owner on its next step, which it runs on its
+    own): the last reading."""
+    deadline = time.monotonic() + settle
+    while True:
+        value = read()
+        if empty(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+class Engines:
+    """A stock and a governed ``LLM`` on the same model, driven side by side."""
+
+    def __init__(self, stock: Any, governed: Any) -> None:
+        self.by_name = {"stock": stock, "governed": governed}
+        self.core = governed.llm_engine.engine_core
+
+    def generate(self, name: str, text: str, tenant: str, max_tokens: int = 4) -> int:
+        """One request; the prompt tokens it was served from the prefix cache."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            extra_args={
+                "kvgov_tenant": tenant,
+                "kvgov_classification": "internal",
+                "kvgov_template": "sys-v1",
+            },
+        )
+        (out,) = self.by_name[name].generate([text], params, use_tqdm=False)
+        assert out.outputs[0].finish_reason != "error", out
+        return int(out.num_cached_tokens or 0)
+
+    def kv(self, name: str) -> dict[str, Any]:
+        """The worker's KV state (``benchmarks/vllm_kv_probe.py``)."""
+        (state,) = self.by_name[name].collective_rpc("kvgov_kv_state")
+        return dict(state)
+
+    def nonzero(self, name: str) -> set[int]:
+        """The worker's blocks holding a non-zero KV byte."""
+        return set(self.kv(name)["nonzero"])
+
+    def pool(self) -> dict[str, Any]:
+        """The governed pool's block ids by state (read from vLLM's blocks in the engine core)."""
+        return dict(self.core.call_utility("kvgov_call", "state"))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.core.call_utility("kvgov_call", "stats"))
+
+    def remnants(self, settle: float = 5.0) -> list[int]:
+        """Governed: blocks holding KV bytes that no request holds and the cache does not
+        keep (waits up to ``settle`` s for the idle engine's zeroing step)."""
+
+        def read() -> list[int]:
+            pool = self.pool()
+            return sorted(self.nonzero("governed") - set(pool["owned"]) - set(pool["cached"]))
+
+        return poll(read, lambda left: not left, settle)
+
+    def after_reset(self, name: str, settle: float = 5.0) -> list[int]:
+        """vLLM's ``reset_prefix_cache`` (nothing is running: no block has an owner after
+        it), then the blocks still holding KV bytes; governed, waits for its zeroing step."""
+        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
+        wait = settle if name == "governed" else 1.0
+        return poll(lambda: sorted(self.nonzero(name)), lambda left: not left, wait)
+
+    def check_reset(self) -> None:
+        stock, governed = self.after_reset("stock"), self.after_reset("governed")
+        print(f"after reset_prefix_cache, blocks holding KV: stock {stock}, governed {governed}")
+        assert stock, "control: stock vLLM leaves the KV of blocks that left their owner"
+        assert governed == [], "governed: every block that left an owner reads zero"

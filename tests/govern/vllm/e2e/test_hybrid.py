@@ -24,16 +24,15 @@ the leak):
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_env import BLOCK_SIZE, GOVERNED_SCHEDULER, KV_PROBE, MAX_MODEL_LEN, engine_env, prompt
+from vllm_cpu_env import BLOCK_SIZE, prompt
 
-from .conftest import SECRET
+from . import conftest
+from .conftest import engine_pair, poll, start_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
@@ -52,95 +51,47 @@ def hybrid_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(model: Path, governed: bool, audit_url: str) -> Any:
-    from vllm import LLM
-
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(engine_env(governed, {"KVGOV_KEY_SECRET": SECRET}))
-    try:
-        kwargs: dict[str, Any] = {}
-        if governed:
-            kwargs = {
-                "scheduler_cls": GOVERNED_SCHEDULER,
-                "additional_config": {"kvgov": {"audit_url": audit_url, "model_revision": "r1"}},
-            }
-        return LLM(
-            model=str(model),
-            load_format="dummy",
-            dtype="float32",
-            block_size=BLOCK_SIZE,
-            max_model_len=MAX_MODEL_LEN,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            prefix_cache_retention_interval=RETENTION,
-            num_gpu_blocks_override=NUM_BLOCKS,
-            worker_extension_cls=KV_PROBE,
-            **kwargs,
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    return start_llm(
+        model,
+        governed,
+        {"audit_url": audit_url, "model_revision": "r1"},
+        prefix_cache_retention_interval=RETENTION,
+        num_gpu_blocks_override=NUM_BLOCKS,
+    )
 
 
-class Engines:
-    def __init__(self, stock: Any, governed: Any) -> None:
-        self.by_name = {"stock": stock, "governed": governed}
-        self.core = governed.llm_engine.engine_core
+def _none_left(left: dict[str, list[int]]) -> bool:
+    return not any(left.values())
 
-    def generate(self, name: str, text: str, tenant: str, max_tokens: int = 4) -> int:
-        """One request; the prompt tokens it was served from the prefix cache."""
-        from vllm import SamplingParams
 
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            ignore_eos=True,
-            extra_args={
-                "kvgov_tenant": tenant,
-                "kvgov_classification": "internal",
-                "kvgov_template": "sys-v1",
-            },
-        )
-        (out,) = self.by_name[name].generate([text], params, use_tqdm=False)
-        assert out.outputs[0].finish_reason != "error", out
-        return int(out.num_cached_tokens or 0)
-
-    def kv(self, name: str) -> dict[str, Any]:
-        (state,) = self.by_name[name].collective_rpc("kvgov_kv_state")
-        return dict(state)
+class Engines(conftest.Engines):
+    """Read per KV cache group: the remnants and what a reset leaves, by the group's kind."""
 
     def per_group(self, name: str) -> dict[str, set[int]]:
         """Per group (by its spec's kind): the blocks non-zero in its layers' tensors."""
         return {g["kind"]: set(g["nonzero"]) for g in self.kv(name)["groups"]}
 
-    def pool(self) -> dict[str, Any]:
-        return dict(self.core.call_utility("kvgov_call", "state"))
-
-    def stats(self) -> dict[str, Any]:
-        return dict(self.core.call_utility("kvgov_call", "stats"))
-
-    def remnants(self, settle: float = 5.0) -> dict[str, list[int]]:
+    def remnants(self, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
         """Governed, per group: blocks holding KV in the group's tensors that no request
         holds and the cache does not keep (waits up to ``settle`` s for the idle engine's
         zeroing step)."""
-        deadline = time.monotonic() + settle
-        while True:
+
+        def read() -> dict[str, list[int]]:
             pool = self.pool()
             kept = set(pool["owned"]) | set(pool["cached"])
-            left = {kind: sorted(ids - kept) for kind, ids in self.per_group("governed").items()}
-            if not any(left.values()) or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
+            return {kind: sorted(ids - kept) for kind, ids in self.per_group("governed").items()}
 
-    def after_reset(self, name: str, settle: float = 5.0) -> dict[str, list[int]]:
+        return poll(read, _none_left, settle)
+
+    def after_reset(self, name: str, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
         """vLLM's ``reset_prefix_cache``, then per group the blocks still holding KV."""
         assert self.by_name[name].reset_prefix_cache(), "nothing is running"
-        deadline = time.monotonic() + (settle if name == "governed" else 1.0)
-        while True:
-            left = {kind: sorted(ids) for kind, ids in self.per_group(name).items()}
-            if not any(left.values()) or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
+        wait = settle if name == "governed" else 1.0
+
+        def read() -> dict[str, list[int]]:
+            return {kind: sorted(ids) for kind, ids in self.per_group(name).items()}
+
+        return poll(read, _none_left, wait)
 
     def check_reset(self) -> None:
         stock, governed = self.after_reset("stock"), self.after_reset("governed")
@@ -154,17 +105,8 @@ class Engines:
 @pytest.fixture(scope="module")
 def engines(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     audit_url = f"sqlite:///{tmp_path_factory.mktemp('hybrid') / 'audit.db'}"
-    started = time.monotonic()
-    stock = _start(hybrid_model, False, audit_url)
-    governed = None
-    try:
-        governed = _start(hybrid_model, True, audit_url)
-        print(f"\nLLM starts (both): {time.monotonic() - started:.0f} s")
-        yield Engines(stock, governed)
-    finally:
-        for llm in (governed, stock):
-            if llm is not None:
-                llm.llm_engine.engine_core.shutdown()
+    with engine_pair(lambda governed: _start(hybrid_model, governed, audit_url)) as pair:
+        yield Engines(*pair)
 
 
 def test_two_groups_one_pool(engines: Engines) -> None:

@@ -16,16 +16,15 @@ governed engine must keep the same guarantees with it on. Stock and governed
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_env import BLOCK_SIZE, GOVERNED_SCHEDULER, KV_PROBE, MAX_MODEL_LEN, engine_env, prompt
+from vllm_cpu_env import prompt
 
-from .conftest import SECRET
+from . import conftest
+from .conftest import engine_pair, start_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
@@ -39,60 +38,18 @@ SPECULATIVE = {
 
 
 def _start(model: Path, governed: bool, audit_url: str) -> Any:
-    from vllm import LLM
-
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(engine_env(governed, {"KVGOV_KEY_SECRET": SECRET}))
-    try:
-        kwargs: dict[str, Any] = {}
-        if governed:
-            kwargs = {
-                "scheduler_cls": GOVERNED_SCHEDULER,
-                "additional_config": {"kvgov": {"audit_url": audit_url, "model_revision": "r1"}},
-            }
-        return LLM(
-            model=str(model),
-            served_model_name="governed" if governed else "stock",  # the metrics' label
-            load_format="dummy",
-            dtype="float32",
-            block_size=BLOCK_SIZE,
-            max_model_len=MAX_MODEL_LEN,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            num_gpu_blocks_override=NUM_BLOCKS,
-            worker_extension_cls=KV_PROBE,
-            speculative_config=dict(SPECULATIVE),
-            disable_log_stats=False,  # the draft counters
-            **kwargs,
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    return start_llm(
+        model,
+        governed,
+        {"audit_url": audit_url, "model_revision": "r1"},
+        served_model_name="governed" if governed else "stock",  # the metrics' label
+        num_gpu_blocks_override=NUM_BLOCKS,
+        speculative_config=dict(SPECULATIVE),
+        disable_log_stats=False,  # the draft counters
+    )
 
 
-class Engines:
-    def __init__(self, stock: Any, governed: Any) -> None:
-        self.by_name = {"stock": stock, "governed": governed}
-        self.core = governed.llm_engine.engine_core
-
-    def generate(self, name: str, text: str, tenant: str, max_tokens: int = 4) -> int:
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0,
-            ignore_eos=True,
-            extra_args={
-                "kvgov_tenant": tenant,
-                "kvgov_classification": "internal",
-                "kvgov_template": "sys-v1",
-            },
-        )
-        (out,) = self.by_name[name].generate([text], params, use_tqdm=False)
-        assert out.outputs[0].finish_reason != "error", out
-        return int(out.num_cached_tokens or 0)
-
+class Engines(conftest.Engines):
     def drafts(self) -> int:
         """The governed engine's draft tokens so far."""
         return sum(
@@ -102,43 +59,12 @@ class Engines:
             and m.labels.get("model_name") == "governed"
         )
 
-    def nonzero(self, name: str) -> set[int]:
-        (state,) = self.by_name[name].collective_rpc("kvgov_kv_state")
-        return set(state["nonzero"])
-
-    def remnants(self, settle: float = 5.0) -> list[int]:
-        deadline = time.monotonic() + settle
-        while True:
-            pool = dict(self.core.call_utility("kvgov_call", "state"))
-            left = sorted(self.nonzero("governed") - set(pool["owned"]) - set(pool["cached"]))
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
-
-    def after_reset(self, name: str, settle: float = 5.0) -> list[int]:
-        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
-        deadline = time.monotonic() + (settle if name == "governed" else 1.0)
-        while True:
-            left = sorted(self.nonzero(name))
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
-
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     audit_url = f"sqlite:///{tmp_path_factory.mktemp('ngram') / 'audit.db'}"
-    started = time.monotonic()
-    stock = _start(tiny_model, False, audit_url)
-    governed = None
-    try:
-        governed = _start(tiny_model, True, audit_url)
-        print(f"\nLLM starts (both): {time.monotonic() - started:.0f} s")
-        yield Engines(stock, governed)
-    finally:
-        for llm in (governed, stock):
-            if llm is not None:
-                llm.llm_engine.engine_core.shutdown()
+    with engine_pair(lambda governed: _start(tiny_model, governed, audit_url)) as pair:
+        yield Engines(*pair)
 
 
 def test_governed_ngram_speculation_keeps_isolation_and_zeroing(engines: Engines) -> None:

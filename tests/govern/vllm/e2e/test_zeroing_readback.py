@@ -14,7 +14,6 @@ that asks kvgov nothing); stock, the remnants show (the control)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,17 +24,13 @@ from typing import Any
 
 import pytest
 from vllm_cpu_env import (
-    BLOCK_SIZE,
-    GOVERNED_SCHEDULER,
-    KV_PROBE,
-    MAX_MODEL_LEN,
-    engine_env,
     prompt,
 )
 
 from tests.conftest import PG_HOST, PG_PORT, PG_USER
 
-from .conftest import SECRET
+from . import conftest
+from .conftest import engine_pair, start_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
@@ -48,109 +43,18 @@ POLICY_DATA = {
 
 
 def _start(model: Path, governed: bool, audit_url: str) -> Any:
-    from vllm import LLM
-
-    saved = dict(os.environ)
-    env = engine_env(governed, {"KVGOV_KEY_SECRET": SECRET})
-    os.environ.clear()
-    os.environ.update(env)  # the spawned engine core inherits it
-    try:
-        kwargs: dict[str, Any] = {}
-        if governed:
-            kwargs = {
-                "scheduler_cls": GOVERNED_SCHEDULER,
-                "additional_config": {
-                    "kvgov": {
-                        "audit_url": audit_url,
-                        "model_revision": "r1",
-                        "policy_data": POLICY_DATA,
-                    }
-                },
-            }
-        return LLM(
-            model=str(model),
-            load_format="dummy",
-            dtype="float32",
-            block_size=BLOCK_SIZE,
-            max_model_len=MAX_MODEL_LEN,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            num_gpu_blocks_override=NUM_BLOCKS,
-            worker_extension_cls=KV_PROBE,  # collective_rpc("kvgov_kv_state")
-            **kwargs,
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    kvgov = {"audit_url": audit_url, "model_revision": "r1", "policy_data": POLICY_DATA}
+    return start_llm(model, governed, kvgov, num_gpu_blocks_override=NUM_BLOCKS)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([KVGOV_CLI, *args], capture_output=True, text=True, check=False)
 
 
-class Engines:
+class Engines(conftest.Engines):
     def __init__(self, stock: Any, governed: Any, audit_url: str) -> None:
-        self.by_name = {"stock": stock, "governed": governed}
+        super().__init__(stock, governed)
         self.audit_url = audit_url
-        self.core = governed.llm_engine.engine_core
-
-    def generate(self, name: str, text: str, tenant: str) -> int:
-        """One request; the prompt tokens it was served from the prefix cache."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            max_tokens=4,
-            temperature=0.0,
-            ignore_eos=True,
-            extra_args={
-                "kvgov_tenant": tenant,
-                "kvgov_classification": "internal",
-                "kvgov_template": "sys-v1",
-            },
-        )
-        (out,) = self.by_name[name].generate([text], params, use_tqdm=False)
-        assert out.outputs[0].finish_reason != "error", out
-        return int(out.num_cached_tokens or 0)
-
-    def nonzero(self, name: str) -> set[int]:
-        """The worker's blocks holding a non-zero KV byte."""
-        (state,) = self.by_name[name].collective_rpc("kvgov_kv_state")
-        return set(state["nonzero"])
-
-    def pool(self) -> dict[str, Any]:
-        """The governed pool's block ids by state (read from vLLM's blocks in the engine core)."""
-        return dict(self.core.call_utility("kvgov_call", "state"))
-
-    def remnants(self, settle: float = 5.0) -> list[int]:
-        """Governed: blocks holding KV bytes that no request holds and the cache does not keep.
-
-        The engine carries the zeroing of blocks that just left an owner on its next step,
-        which an idle engine runs on its own: wait up to ``settle`` s for it.
-        """
-        deadline = time.monotonic() + settle
-        while True:
-            pool = self.pool()
-            left = sorted(self.nonzero("governed") - set(pool["owned"]) - set(pool["cached"]))
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
-
-    def after_reset(self, name: str, settle: float = 5.0) -> list[int]:
-        """vLLM's ``reset_prefix_cache`` (nothing is running: no block has an owner after
-        it), then the blocks still holding KV bytes; governed, waits for its zeroing step."""
-        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
-        deadline = time.monotonic() + (settle if name == "governed" else 1.0)
-        while True:
-            left = sorted(self.nonzero(name))
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
-
-    def check_reset(self) -> None:
-        stock, governed = self.after_reset("stock"), self.after_reset("governed")
-        print(f"after reset_prefix_cache, blocks holding KV: stock {stock}, governed {governed}")
-        assert stock, "control: stock vLLM leaves the KV of blocks that left their owner"
-        assert governed == [], "governed: every block that left an owner reads zero"
 
 
 @pytest.fixture(scope="module")
@@ -179,20 +83,11 @@ def audit_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def engines(tiny_model: Path, audit_url: str) -> Iterator[Engines]:
-    started = time.monotonic()
-    stock = _start(tiny_model, False, audit_url)
-    governed = None
-    try:
-        governed = _start(tiny_model, True, audit_url)
-        print(f"\nLLM starts (both): {time.monotonic() - started:.0f} s")
-        for llm in (stock, governed):
+    with engine_pair(lambda governed: _start(tiny_model, governed, audit_url)) as pair:
+        for llm in pair:
             (state,) = llm.collective_rpc("kvgov_kv_state")
             assert state["num_blocks"] == NUM_BLOCKS, state
-        yield Engines(stock, governed, audit_url)
-    finally:
-        for llm in (governed, stock):
-            if llm is not None:
-                llm.llm_engine.engine_core.shutdown()
+        yield Engines(*pair, audit_url)
 
 
 def test_finished_requests_leave_no_kv_in_freed_blocks(engines: Engines) -> None:
