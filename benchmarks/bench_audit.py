@@ -136,6 +136,43 @@ def _pg_admin():  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
+#: per store: its rows' label, its write target, and its RESULT names' prefix
+STORES = {
+    "sqlite": ("sqlite", ">= 50000", ""),
+    "pg": ("postgresql", ">= 20000", "pg_"),
+}
+
+
+def write_rows(
+    store: str,
+    url: str,
+    events: list[AuditEvent],
+    tmpd: Path,
+    writers: tuple[str, ...],
+    results: dict[str, float],
+    rows: list[tuple[str, float, str, str]],
+) -> None:
+    """Each writer's figures on one store, side by side, into ``results`` and ``rows``."""
+    label, target, prefix = STORES[store]
+    for writer in writers:
+        w = bench_write(url, events, tmpd, writer)
+        p = ("" if writer == "thread" else "process_") + prefix
+        results |= {
+            f"{p}{'' if prefix else 'sqlite_'}events_per_s": w["events_per_s"],
+            f"{p}record_us": w["record_us"],
+            f"{p}record_sustained_us": w["record_sustained_us"],
+            f"{p}engine_cpu_us": w["engine_cpu_us"],
+            f"{p}writer_cpu_us": w["writer_cpu_us"],
+        }
+        rows += [
+            (f"{writer}: {label} write (chained)", w["events_per_s"], "events/s", target),
+            (f"{writer}: {label} record(), bursts", w["record_us"], "us", "<= 5"),
+            (f"{writer}: {label} record(), saturated", w["record_sustained_us"], "us", ""),
+            (f"{writer}: {label} engine CPU/event", w["engine_cpu_us"], "us", ""),
+            (f"{writer}: {label} writer CPU/event", w["writer_cpu_us"], "us", ""),
+        ]
+
+
 def main() -> None:
     """Run the benchmark and print the table and RESULT lines."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,23 +192,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         url = f"sqlite:///{tmpd / 'bench.db'}"
-        for writer in writers:
-            w = bench_write(url, events, tmpd, writer)
-            p = "" if writer == "thread" else "process_"
-            results |= {
-                f"{p}sqlite_events_per_s": w["events_per_s"],
-                f"{p}record_us": w["record_us"],
-                f"{p}record_sustained_us": w["record_sustained_us"],
-                f"{p}engine_cpu_us": w["engine_cpu_us"],
-                f"{p}writer_cpu_us": w["writer_cpu_us"],
-            }
-            rows += [
-                (f"{writer}: sqlite write (chained)", w["events_per_s"], "events/s", ">= 50000"),
-                (f"{writer}: record() caller cost, bursts", w["record_us"], "us", "<= 5"),
-                (f"{writer}: record() caller, saturated", w["record_sustained_us"], "us", ""),
-                (f"{writer}: engine process CPU/event", w["engine_cpu_us"], "us", ""),
-                (f"{writer}: writer CPU/event", w["writer_cpu_us"], "us", ""),
-            ]
+        write_rows("sqlite", url, events, tmpd, writers, results, rows)
         v, nv = bench_verify(url)
         results["sqlite_verify_events_per_s"] = v
         rows.append((f"sqlite verify ({nv} events)", v, "events/s", ">= 200000"))
@@ -186,28 +207,16 @@ def main() -> None:
             try:
                 pg = f"postgresql+psycopg://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
                 upgrade(pg)
-                for writer in writers:
-                    w = bench_write(pg, events, tmpd, writer)
-                    p = "" if writer == "thread" else "process_"
-                    results |= {
-                        f"{p}pg_events_per_s": w["events_per_s"],
-                        f"{p}pg_engine_cpu_us": w["engine_cpu_us"],
-                        f"{p}pg_writer_cpu_us": w["writer_cpu_us"],
-                    }
-                    rows += [
-                        (f"{writer}: postgresql write", w["events_per_s"], "events/s", ">= 20000"),
-                        (f"{writer}: pg engine CPU/event", w["engine_cpu_us"], "us", ""),
-                        (f"{writer}: pg writer CPU/event", w["writer_cpu_us"], "us", ""),
-                    ]
+                write_rows("pg", pg, events, tmpd, writers, results, rows)
                 v, nv = bench_verify(pg)
                 results["pg_verify_events_per_s"] = v
                 rows.append((f"postgresql verify ({nv} events)", v, "events/s", ""))
             finally:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 admin.close()
-    print(f"{'figure':<36} {'value':>12}  {'unit':<9} target")
+    print(f"{'figure':<42} {'value':>12}  {'unit':<9} target")
     for label, value, unit, target in rows:
-        print(f"{label:<36} {value:>12,.1f}  {unit:<9} {target}")
+        print(f"{label:<42} {value:>12,.1f}  {unit:<9} {target}")
     for k, val in results.items():
         print(f"RESULT {k}={val:.1f}")
 
