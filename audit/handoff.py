@@ -58,11 +58,8 @@ from typing import IO, Any, Final
 import structlog
 from sqlalchemy.engine import URL
 
-from kvgov.audit.durability import AuditStats, Deferred, Recorded, positive_seconds
+from kvgov.audit.durability import AuditStats, Deferred, Recorded
 from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent, event_record
-from kvgov.audit.signing import SigningKey, load_signing_key
-from kvgov.audit.spool import default_spool_path
-from kvgov.audit.store import normalize_url
 from kvgov.audit.wire import WireClosed, read_frame, write_frame
 from kvgov.audit.writer import (
     DB_RETRY_SECONDS,
@@ -70,7 +67,6 @@ from kvgov.audit.writer import (
     WRITER_INTERVAL_SECONDS,
     AuditLog,
     WriterKind,
-    checked_stream,
 )
 from kvgov.defaults import (
     AUDIT_BATCH_SIZE,
@@ -161,19 +157,11 @@ class ProcessAuditLog(AuditLog):
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
         writer: WriterKind = "process",
     ) -> None:
-        stream = checked_stream(worker_id, checkpoint_every, batch_size)
-        self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
-        self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
-        positive_seconds("checkpoint_seconds", checkpoint_seconds)
-        positive_seconds("statement_timeout", statement_timeout)
-        self._url = normalize_url(url)
-        self._stream = stream
-        self._clock = clock
-        self._batch_size = batch_size
-        self._queue_size = max(queue_size, batch_size)
-        loaded = load_signing_key(signing_key)
-        self._key = loaded if loaded is not None else SigningKey.ephemeral()
-        path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
+        stream, path = self._configure(
+            url, worker_id, signing_key, clock, checkpoint_every, checkpoint_seconds,
+            spool_path, batch_size, queue_size, critical_deadline, max_queue_age,
+            statement_timeout,
+        )  # fmt: skip
         self._settings: dict[str, Any] = {
             "url": self._url.render_as_string(hide_password=False),
             "worker_id": stream,

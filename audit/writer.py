@@ -184,6 +184,44 @@ class AuditLog:
             return super().__new__(WRITER_CLASSES[writer])
         return super().__new__(cls)
 
+    def _configure(
+        self,
+        url: str | URL,
+        worker_id: str | None,
+        signing_key: Any,
+        clock: Callable[[], float],
+        checkpoint_every: int,
+        checkpoint_seconds: float,
+        spool_path: str | os.PathLike[str] | None,
+        batch_size: int,
+        queue_size: int,
+        critical_deadline: float,
+        max_queue_age: float,
+        statement_timeout: float,
+    ) -> tuple[str, Path]:
+        """Check the settings both writers take and keep what both use: the URL, stream,
+        clock, batch and queue sizes, deadlines and signing key. Returns the stream and
+        the spool path (the constructor's arguments are documented on the class).
+
+        Raises:
+            InvalidAuditEvent: an argument is out of range (named in ``field``).
+            SigningKeyError: the configured signing key cannot be loaded.
+        """
+        stream = checked_stream(worker_id, checkpoint_every, batch_size)
+        self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
+        self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
+        self._checkpoint_seconds = positive_seconds("checkpoint_seconds", checkpoint_seconds)
+        positive_seconds("statement_timeout", statement_timeout)
+        self._url = normalize_url(url)
+        self._stream = stream
+        self._clock = clock
+        self._batch_size = batch_size
+        self._queue_size = max(queue_size, batch_size)
+        loaded = load_signing_key(signing_key)
+        self._key = loaded if loaded is not None else SigningKey.ephemeral()
+        path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
+        return stream, path
+
     def __init__(
         self,
         url: str | URL = AUDIT_URL,
@@ -203,21 +241,14 @@ class AuditLog:
         statement_timeout: float = AUDIT_STATEMENT_TIMEOUT_SECONDS,
         writer: WriterKind = "thread",
     ) -> None:
-        stream = checked_stream(worker_id, checkpoint_every, batch_size)
-        self._critical_deadline = positive_seconds("critical_deadline", critical_deadline)
-        self._max_queue_age = positive_seconds("max_queue_age", max_queue_age)
-        self._checkpoint_seconds = positive_seconds("checkpoint_seconds", checkpoint_seconds)
-        self._url = normalize_url(url)
-        self._stream = stream
-        self._clock = clock
-        self._batch_size = batch_size
-        self._queue_size = max(queue_size, batch_size)
-        loaded = load_signing_key(signing_key)
-        self._key = loaded if loaded is not None else SigningKey.ephemeral()
-        path = Path(spool_path) if spool_path is not None else default_spool_path(self._url, stream)
+        stream, path = self._configure(
+            url, worker_id, signing_key, clock, checkpoint_every, checkpoint_seconds,
+            spool_path, batch_size, queue_size, critical_deadline, max_queue_age,
+            statement_timeout,
+        )  # fmt: skip
         spool = Spool(path, self._key, stream)  # seals each spooled batch with the key
         self._marker = marker_path(path)
-        timeout = positive_seconds("statement_timeout", statement_timeout)
+        timeout = statement_timeout
         try:
             self._engine: Engine = open_engine(
                 self._url, auto_upgrade=auto_upgrade, statement_timeout=timeout
