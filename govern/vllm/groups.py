@@ -10,11 +10,13 @@ pads the blocks outside its window with vLLM's null block. This module reads
 those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot
 govern (see docs/vllm.md, "What is refused, and why").
 
-On the CPU build the workers' zeroer clears the KV tensors of full-attention layers
-only (``CPUModelRunner._zero_block_ids``), where the GPU runner's clears every
-attention layer: a block of a sliding-window, chunked local or cross attention group
-reads zero after its zeroing only where a full-attention group's layers view the same
-bytes (vLLM lays every group's layers over one allocation from its first byte), which
+On the CPU build vLLM's zeroer clears the KV tensors of full-attention layers only
+(``CPUModelRunner._zero_block_ids``), where the GPU runner's clears every attention
+layer; kvgov's plugin replaces it with one that clears every attention layer
+(:func:`kvgov.govern.vllm.fence.install_cpu_zeroer`). Where that replacement is missing,
+a block of a sliding-window, chunked local or cross attention group reads zero after
+its zeroing only where a full-attention group's layers view the same bytes (vLLM lays
+every group's layers over one allocation from its first byte), which
 :func:`check_cpu_zeroing` checks.
 """
 
@@ -39,6 +41,8 @@ from vllm.v1.core.single_type_kv_cache_manager import (
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
 
 from kvgov.exceptions import UnsupportedEngine
+
+from . import fence
 
 __all__ = [
     "GOVERNED_MANAGERS",
@@ -101,13 +105,18 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
                 f"a hash block size of {hash_block_size} with blocks of {size} tokens",
                 "use one block size for every KV cache group",
             )
-    check_cpu_zeroing(kv_cache_config, on_cpu=current_platform.is_cpu())
+    check_cpu_zeroing(
+        kv_cache_config, on_cpu=current_platform.is_cpu(), zeroer=fence.cpu_zeroer_installed()
+    )
 
 
-def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool) -> None:
+def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool, zeroer: bool) -> None:
     """Refuse, on the CPU build, attention groups whose blocks its zeroer would not clear.
 
-    vLLM's CPU runner zeroes a block in the tensors of ``FullAttentionSpec`` layers only.
+    With kvgov's CPU zeroer in this process (``zeroer``: the plugin installed it; the
+    CPU build runs its worker in the engine core's process) every attention layer is
+    cleared and nothing is refused. vLLM's own CPU zeroer clears a block in the tensors
+    of ``FullAttentionSpec`` layers only.
     Every group's layers are laid over one allocation from its first byte, a block's
     pages one layer after another, so a group's block is cleared where a full-attention
     group's pages of that block span at least as many bytes. A configuration with no
@@ -118,7 +127,7 @@ def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool) -> None:
             group and no full-attention group whose block spans as many bytes (a model
             whose layers all have a window, or more window layers than full ones).
     """
-    if not on_cpu or not getattr(kv_cache_config, "kv_cache_tensors", None):
+    if not on_cpu or zeroer or not getattr(kv_cache_config, "kv_cache_tensors", None):
         return
     full = 0
     others: dict[str, int] = {}
@@ -137,8 +146,9 @@ def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool) -> None:
         raise UnsupportedEngine(
             f"on the CPU build, KV cache groups {short} whose blocks vLLM's CPU zeroer "
             "would not clear (it clears full-attention layers' tensors only)",
-            "serve the model on a GPU, or one whose full-attention layers are at least "
-            "as many as its window layers (Gemma 2's alternating layers)",
+            "let kvgov's plugin install its CPU zeroer (it failed to: see the engine's "
+            "log), serve the model on a GPU, or one whose full-attention layers are at "
+            "least as many as its window layers (Gemma 2's alternating layers)",
         )
 
 

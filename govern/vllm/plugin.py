@@ -20,7 +20,10 @@ the scheduler is built) and each worker. Installing ``kvgov[vllm]`` registers it
 
        llm.llm_engine.engine_core.call_utility("kvgov_call", "purge_tenant", "acme")
 
-3. on vLLM 0.32 only, in the API process: a refused request would reach an
+3. on the CPU build, replaces the CPU runner's zeroer, which clears full-attention
+   layers only, with one that clears every attention layer's tensor (a model whose
+   layers all have a window keeps no KV in a zeroed block; :func:`fence.install_cpu_zeroer`);
+4. on vLLM 0.32 only, in the API process: a refused request would reach an
    OpenAI client as HTTP 500 without a reason; the shim turns it into HTTP 403
    with kvgov's reason (0.33 carries it natively as HTTP 400).
 
@@ -52,6 +55,10 @@ def register() -> None:
         _log.warning("kvgov: vLLM plugin not installed: %s", exc)
         return
     fence.force_kv_cache_zeroing()
+    try:
+        fence.install_cpu_zeroer()
+    except Exception as exc:  # the governed scheduler then refuses windowed groups on the CPU
+        _log.warning("kvgov: CPU zeroer not installed: %s", exc)
     _install_engine_hooks()
     if fence.needs_frontend_shim():
         _install_frontend_shim()

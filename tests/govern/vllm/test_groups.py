@@ -205,19 +205,25 @@ def _tensors(*layers: str) -> list[Any]:
     return [KVCacheTensor(size=1 << 20, layers=list(layers), layer_stride=1 << 10, block_stride=16)]
 
 
-@pytest.mark.parametrize("on_cpu", [True, False], ids=["cpu-runner", "other-runner"])
-def test_a_window_only_model_is_refused_on_the_cpu_build(
-    vllm: Any, monkeypatch: pytest.MonkeyPatch, on_cpu: bool
+@pytest.mark.parametrize(
+    ("on_cpu", "zeroer"),
+    [(True, False), (True, True), (False, False)],
+    ids=["cpu-runner-vllm-zeroer", "cpu-runner-kvgov-zeroer", "other-runner"],
+)
+def test_a_window_only_model_is_refused_on_the_cpu_build_without_kvgovs_zeroer(
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, on_cpu: bool, zeroer: bool
 ) -> None:
     """vLLM's CPU runner zeroes full-attention layers' tensors only: a model whose every
     layer has a window would have its freed blocks ordered zeroed and never cleared, so
-    the CPU build refuses it; the GPU runner's zeroer clears every attention layer."""
+    the CPU build refuses it unless kvgov's CPU zeroer (every attention layer) is in the
+    process; the GPU runner's zeroer clears every attention layer."""
     from types import SimpleNamespace
 
-    from kvgov.govern.vllm import groups
+    from kvgov.govern.vllm import fence, groups
 
     monkeypatch.setattr(groups, "current_platform", SimpleNamespace(is_cpu=lambda: on_cpu))
-    if on_cpu:
+    monkeypatch.setattr(fence, "cpu_zeroer_installed", lambda: zeroer)
+    if on_cpu and not zeroer:
         with pytest.raises(UnsupportedEngine, match="CPU zeroer"):
             vllm.scheduler(specs=_specs("sliding"), kv_cache_tensors=_tensors("layer0"))
     else:
@@ -225,6 +231,65 @@ def test_a_window_only_model_is_refused_on_the_cpu_build(
     # beside full attention (one layer each, one allocation): the full layer's zeroing
     # clears the window layer's bytes too (the e2e test reads it back on the CPU build)
     vllm.scheduler(specs=_specs("full", "sliding"), kv_cache_tensors=_tensors("layer0", "layer1"))
+
+
+def test_kvgovs_cpu_zeroer_clears_every_attention_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU runner's zeroer, as kvgov's plugin installs it: the given blocks of every
+    attention layer's tensor read zero (vLLM's own, the control, clears the full-attention
+    layer only), a tensor two layers view is cleared once, a runner-only layer and a Mamba
+    state tensor are left alone, and other blocks keep their bytes."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+    from vllm.v1.worker import cpu_model_runner
+
+    from kvgov.govern.vllm import fence
+
+    full, sliding, mamba = _specs("full", "sliding", "mamba")
+    vllm_zero = cpu_model_runner.CPUModelRunner._zero_block_ids
+    if getattr(vllm_zero, "_kvgov", False):  # the plugin already replaced it here
+        vllm_zero = None
+
+    def runner() -> Any:
+        kv = {n: torch.ones(6, 2, 4) for n in ("f", "s1", "s2", "enc", "m")}
+        kv["s3"] = kv["s2"]  # two layers viewing one tensor
+        groups = [
+            KVCacheGroupSpec(["f"], full),
+            KVCacheGroupSpec(["s1", "s2", "s3", "enc"], sliding),
+            KVCacheGroupSpec(["m"], mamba),
+        ]
+        return SimpleNamespace(
+            kv=kv,
+            runner_only_attn_layers={"enc"},
+            kv_cache_config=SimpleNamespace(kv_cache_groups=groups),
+            compilation_config=SimpleNamespace(
+                static_forward_context={n: SimpleNamespace(kv_cache=t) for n, t in kv.items()}
+            ),
+        )
+
+    if vllm_zero is not None:
+        control = runner()
+        vllm_zero(control, [1, 4])
+        assert not control.kv["f"][[1, 4]].any(), "vLLM's zeroer clears full attention"
+        assert control.kv["s1"][[1, 4]].all(), "control: vLLM's leaves a window layer's KV"
+    # the class's zeroer is restored after the test, whichever this process had
+    monkeypatch.setattr(
+        cpu_model_runner.CPUModelRunner,
+        "_zero_block_ids",
+        cpu_model_runner.CPUModelRunner._zero_block_ids,
+    )
+    with monkeypatch.context() as m:
+        m.setattr("vllm.platforms.current_platform", SimpleNamespace(is_cpu=lambda: True))
+        if vllm_zero is not None:
+            assert fence.install_cpu_zeroer()
+        assert fence.cpu_zeroer_installed()
+        r = runner()
+        cpu_model_runner.CPUModelRunner._zero_block_ids(r, [1, 4])
+    for name in ("f", "s1", "s2", "s3"):
+        assert not r.kv[name][[1, 4]].any(), name
+        assert r.kv[name][[0, 2, 3, 5]].all(), name
+    assert r.kv["enc"].all() and r.kv["m"].all()
 
 
 def test_more_window_layers_than_full_ones_are_refused_on_the_cpu_build() -> None:
@@ -241,7 +306,8 @@ def test_more_window_layers_than_full_ones_are_refused_on_the_cpu_build() -> Non
         kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s1", "s2"], sliding)],
     )
     with pytest.raises(UnsupportedEngine, match="SlidingWindowSpec"):
-        check_cpu_zeroing(config, on_cpu=True)
-    check_cpu_zeroing(config, on_cpu=False)
+        check_cpu_zeroing(config, on_cpu=True, zeroer=False)
+    check_cpu_zeroing(config, on_cpu=True, zeroer=True)  # kvgov's zeroer clears every layer
+    check_cpu_zeroing(config, on_cpu=False, zeroer=False)
     config.kv_cache_tensors = []  # no worker holds KV (a scheduler-only configuration)
-    check_cpu_zeroing(config, on_cpu=True)
+    check_cpu_zeroing(config, on_cpu=True, zeroer=False)

@@ -158,3 +158,50 @@ class Engines:
         print(f"after reset_prefix_cache, blocks holding KV: stock {stock}, governed {governed}")
         assert stock, "control: stock vLLM leaves the KV of blocks that left their owner"
         assert governed == [], "governed: every block that left an owner reads zero"
+
+
+def _none_left(left: dict[str, list[int]]) -> bool:
+    return not any(left.values())
+
+
+class GroupEngines(Engines):
+    """A model of several KV cache groups: the remnants and what a reset leaves, read per
+    group (by its spec's kind, ``kinds`` in vLLM's order)."""
+
+    def __init__(self, stock: Any, governed: Any, kinds: list[str]) -> None:
+        super().__init__(stock, governed)
+        self.kinds = kinds
+
+    def per_group(self, name: str) -> dict[str, set[int]]:
+        """Per group (by its spec's kind): the blocks non-zero in its layers' tensors."""
+        return {g["kind"]: set(g["nonzero"]) for g in self.kv(name)["groups"]}
+
+    def remnants(self, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
+        """Governed, per group: blocks holding KV in the group's tensors that no request
+        holds and the cache does not keep (waits up to ``settle`` s for the idle engine's
+        zeroing step)."""
+
+        def read() -> dict[str, list[int]]:
+            pool = self.pool()
+            kept = set(pool["owned"]) | set(pool["cached"])
+            return {kind: sorted(ids - kept) for kind, ids in self.per_group("governed").items()}
+
+        return poll(read, _none_left, settle)
+
+    def after_reset(self, name: str, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
+        """vLLM's ``reset_prefix_cache``, then per group the blocks still holding KV."""
+        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
+        wait = settle if name == "governed" else 1.0
+
+        def read() -> dict[str, list[int]]:
+            return {kind: sorted(ids) for kind, ids in self.per_group(name).items()}
+
+        return poll(read, _none_left, wait)
+
+    def check_reset(self) -> None:
+        stock, governed = self.after_reset("stock"), self.after_reset("governed")
+        counts = {name: {k: len(v) for k, v in left.items()} for name, left in
+                  (("stock", stock), ("governed", governed))}  # fmt: skip
+        print(f"after reset_prefix_cache, blocks holding KV per group: {counts}")
+        assert all(stock[kind] for kind in self.kinds), "control: stock leaves KV in every group"
+        assert governed == {kind: [] for kind in self.kinds}, "governed: every group reads zero"

@@ -6,9 +6,10 @@
    without the torchvision/torchaudio/torchcodec that break ``import transformers``, the
    ``openai`` client, pytest, and kvgov itself (editable); reused while its stamp matches;
 2. the tests of this folder (marker ``vllm_e2e``), which write the tiny models at test time
-   (OPT, and a Gemma-2-shaped hybrid of full and sliding-window attention) and start real
-   engines: OpenAI servers stock and governed, and ``LLM(...)`` in-process (the hybrid
-   model; n-gram speculative decoding);
+   (OPT, and a Gemma-2-shaped hybrid of full and sliding-window attention, also with the
+   window on every layer) and start real engines: OpenAI servers stock and governed, and
+   ``LLM(...)`` in-process (the hybrid and window-only models; n-gram speculative
+   decoding);
    and the ``vllm`` blocks of docs/vllm.md that run on the CPU (``test_docs_blocks.py``);
    one pytest process per module, side by side (an engine's start is mostly waiting);
 3. beside them, the binding's own tests (``tests/govern/vllm``, no engine) on vLLM 0.32,
@@ -42,7 +43,12 @@ RUNS = {
     "test_zeroing_readback.py": [f"{E2E}/test_zeroing_readback.py", "-m", "vllm_e2e"],
     "test_docs_blocks.py": [f"{E2E}/test_docs_blocks.py", "-m", "vllm_e2e"],
     "test_hybrid.py": [f"{E2E}/test_hybrid.py", "-m", "vllm_e2e"],
-    "test_ngram.py": [f"{E2E}/test_ngram.py", "-m", "vllm_e2e"],
+    "test_ngram.py, test_window_only.py": [
+        f"{E2E}/test_ngram.py",
+        f"{E2E}/test_window_only.py",
+        "-m",
+        "vllm_e2e",
+    ],
     "binding on 0.32": ["tests/govern/vllm", "-m", "not vllm_e2e", "-p", "no:asyncio"],
 }
 

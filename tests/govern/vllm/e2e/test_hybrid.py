@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from vllm_cpu_env import BLOCK_SIZE, prompt
 
-from . import conftest
-from .conftest import engine_pair, poll, start_llm
+from .conftest import GroupEngines as Engines
+from .conftest import engine_pair, start_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
@@ -60,53 +60,11 @@ def _start(model: Path, governed: bool, audit_url: str) -> Any:
     )
 
 
-def _none_left(left: dict[str, list[int]]) -> bool:
-    return not any(left.values())
-
-
-class Engines(conftest.Engines):
-    """Read per KV cache group: the remnants and what a reset leaves, by the group's kind."""
-
-    def per_group(self, name: str) -> dict[str, set[int]]:
-        """Per group (by its spec's kind): the blocks non-zero in its layers' tensors."""
-        return {g["kind"]: set(g["nonzero"]) for g in self.kv(name)["groups"]}
-
-    def remnants(self, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
-        """Governed, per group: blocks holding KV in the group's tensors that no request
-        holds and the cache does not keep (waits up to ``settle`` s for the idle engine's
-        zeroing step)."""
-
-        def read() -> dict[str, list[int]]:
-            pool = self.pool()
-            kept = set(pool["owned"]) | set(pool["cached"])
-            return {kind: sorted(ids - kept) for kind, ids in self.per_group("governed").items()}
-
-        return poll(read, _none_left, settle)
-
-    def after_reset(self, name: str, settle: float = 5.0) -> dict[str, list[int]]:  # type: ignore[override]
-        """vLLM's ``reset_prefix_cache``, then per group the blocks still holding KV."""
-        assert self.by_name[name].reset_prefix_cache(), "nothing is running"
-        wait = settle if name == "governed" else 1.0
-
-        def read() -> dict[str, list[int]]:
-            return {kind: sorted(ids) for kind, ids in self.per_group(name).items()}
-
-        return poll(read, _none_left, wait)
-
-    def check_reset(self) -> None:
-        stock, governed = self.after_reset("stock"), self.after_reset("governed")
-        counts = {name: {k: len(v) for k, v in left.items()} for name, left in
-                  (("stock", stock), ("governed", governed))}  # fmt: skip
-        print(f"after reset_prefix_cache, blocks holding KV per group: {counts}")
-        assert all(stock[kind] for kind in KINDS), "control: stock leaves KV in every group"
-        assert governed == {kind: [] for kind in KINDS}, "governed: every group reads zero"
-
-
 @pytest.fixture(scope="module")
 def engines(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     audit_url = f"sqlite:///{tmp_path_factory.mktemp('hybrid') / 'audit.db'}"
     with engine_pair(lambda governed: _start(hybrid_model, governed, audit_url)) as pair:
-        yield Engines(*pair)
+        yield Engines(*pair, KINDS)
 
 
 def test_two_groups_one_pool(engines: Engines) -> None:
