@@ -227,6 +227,7 @@ def seal(
     deadline_us: int,
     written_us: int,
     payload: bytes | memoryview,
+    buffer: bytearray | None = None,
 ) -> SealedBlock:
     """Encrypt a block's payload for one tier.
 
@@ -238,6 +239,11 @@ def seal(
         deadline_us: its retention deadline.
         written_us: the sealing time (strictly increasing per store).
         payload: the plaintext KV bytes.
+        buffer: where to build the encoded object (at its start; at least
+            :func:`~kvgov.offload.objects.encoded_nbytes` long), for a caller that reuses
+            one buffer across objects; the object's :attr:`~SealedBlock.ciphertext` and
+            encoding are views of it, valid until the caller writes it again. None: a new
+            buffer of the object's size.
 
     Returns:
         The sealed block.
@@ -259,7 +265,7 @@ def seal(
     # encrypted straight into the encoded object's buffer: a byte-oriented tier sends or
     # writes that buffer as it is (a separate ciphertext joined to its header afterwards
     # cost a sealed Redis save about twice a plain SET of the same bytes)
-    buf, at = encoded_buffer(
+    view, at = encoded_buffer(
         block_key=block_key,
         scope_digest=scope_digest,
         tenant=key.tenant,
@@ -269,9 +275,10 @@ def seal(
         salt=salt,
         nonce=nonce,
         payload_bytes=memoryview(payload).nbytes,
+        out=buffer,
     )
-    aead.encrypt_into(nonce, payload, aad, memoryview(buf)[at:])
-    whole = memoryview(buf).toreadonly()
+    aead.encrypt_into(nonce, payload, aad, view[at:])
+    whole = view.toreadonly()
     return SealedBlock(
         block_key=block_key,
         scope_digest=scope_digest,

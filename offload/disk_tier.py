@@ -59,6 +59,9 @@ class DiskTier:
         InvalidOffloadArgument: a bad capacity or name, or ``root`` is not a directory.
     """
 
+    #: ``put`` writes the object's bytes to a file and keeps nothing of it (see ``Tier``).
+    put_copies = True
+
     def __init__(
         self,
         root: str | os.PathLike[str],

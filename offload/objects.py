@@ -201,15 +201,22 @@ def encoded_buffer(
     salt: bytes,
     nonce: bytes,
     payload_bytes: int,
-) -> tuple[bytearray, int]:
+    out: bytearray | None = None,
+) -> tuple[memoryview, int]:
     """A buffer for a whole encoded object, its header and fields written; the sealer
     encrypts the payload straight into the rest (no copy of the ciphertext afterwards).
 
+    Args:
+        out: a buffer to write the object at the start of, at least
+            :func:`encoded_nbytes` long (what follows the object is left as it is);
+            None allocates a new one of exactly the object's size.
+
     Returns:
-        The buffer, and the offset at which the ciphertext (and its tag) go.
+        A writable view of exactly the object's bytes, and the offset in it at which the
+        ciphertext (and its tag) go.
 
     Raises:
-        InternalError: a field does not fit its length field.
+        InternalError: a field does not fit its length field, or ``out`` is too short.
     """
     prefix = _prefix(
         format_version=FORMAT_VERSION,
@@ -223,9 +230,14 @@ def encoded_buffer(
         nonce=nonce,
         ciphertext_bytes=payload_bytes + TAG_BYTES,
     )
-    buf = bytearray(len(prefix) + payload_bytes + TAG_BYTES)
-    buf[: len(prefix)] = prefix
-    return buf, len(prefix)
+    nbytes = len(prefix) + payload_bytes + TAG_BYTES
+    if out is None:
+        out = bytearray(nbytes)
+    elif len(out) < nbytes:
+        raise InternalError(f"a {len(out)}-byte buffer cannot hold a {nbytes}-byte object")
+    view = memoryview(out)[:nbytes]
+    view[: len(prefix)] = prefix
+    return view, len(prefix)
 
 
 def encode(obj: SealedBlock) -> bytes | memoryview:

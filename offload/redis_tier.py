@@ -165,6 +165,9 @@ class RedisTier:
             one-server URL, or the other way round; see :mod:`~kvgov.offload.redis_client`).
     """
 
+    #: ``put`` sends the object's bytes and keeps nothing of it (see ``Tier``).
+    put_copies = True
+
     def __init__(
         self,
         url: str,

@@ -69,7 +69,7 @@ from .results import (
     TierPut,
     TierStats,
 )
-from .tier import Tier
+from .tier import Tier, put_copies
 
 __all__ = ["OffloadStore"]
 
@@ -79,6 +79,47 @@ _log = structlog.get_logger("kvgov.offload")
 MAX_TENANT_CHARS = 256
 #: Largest payload one object may hold (AES-GCM in ``cryptography`` takes < 2**31 bytes).
 MAX_PAYLOAD_BYTES = 2**31 - 1 - TAG_BYTES
+#: Seal buffers a store keeps for reuse, and the largest it keeps (a larger object is
+#: sealed into a buffer of its own, dropped after its put).
+SEAL_BUFFERS_KEPT = 4
+SEAL_BUFFER_MAX_BYTES = 64 << 20
+#: Seal buffers are allocated in multiples of this, so that objects of one payload size
+#: whose headers differ a little in length (tenant names) share them.
+_SEAL_BUFFER_STEP = 64 << 10
+
+
+class _SealBuffers:
+    """Buffers to seal objects into for the tiers whose ``put`` copies the bytes out.
+
+    A new block-sized buffer is fresh memory whose pages the kernel faults in and
+    zeroes as they are first written: about 1 ms for a 2.25 MiB block on the machine
+    of docs/fleet-kv.md#benchmark, four times AES-GCM over it. So a buffer is taken
+    for one object and given back once its tier has copied the object out
+    (:func:`~kvgov.offload.tier.put_copies`). It only ever holds sealed objects
+    (header and ciphertext: what the tier stores anyway), never plaintext. At most
+    :data:`SEAL_BUFFERS_KEPT` are kept, the largest ones. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+
+    def take(self, nbytes: int) -> bytearray:
+        """A buffer of at least ``nbytes``: the smallest kept one that fits, or a new one."""
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if len(b) >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: len(self._free[i])))
+        return bytearray(-(-nbytes // _SEAL_BUFFER_STEP) * _SEAL_BUFFER_STEP)
+
+    def give(self, buf: bytearray) -> None:
+        """Keep ``buf`` for a later object (nothing uses the object it held any more)."""
+        if len(buf) > SEAL_BUFFER_MAX_BYTES:
+            return
+        with self._lock:
+            self._free.append(buf)
+            if len(self._free) > SEAL_BUFFERS_KEPT:
+                self._free.pop(min(range(len(self._free)), key=lambda i: len(self._free[i])))
 
 
 @dataclass(slots=True)
@@ -163,6 +204,7 @@ class OffloadStore:
         self._floor = ReplayFloor()
         self._lock = threading.Lock()
         self._last_written_us = 0
+        self._buffers = _SealBuffers()
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -267,16 +309,24 @@ class OffloadStore:
             elif not self._usable(st, now):
                 puts.append(TierPut(name, PutOutcome.UNAVAILABLE, 0, 0))
             else:
-                obj = seal(
-                    key,
-                    tier=name,
-                    block_key=block_key,
-                    scope_digest=scope_digest,
-                    deadline_us=deadline_us,
-                    written_us=written_us,
-                    payload=view,
-                )
-                puts.append(self._put(st, obj, now_us))
+                # a tier that copies the object out gets it in a reused buffer, given back
+                # after its put; one that keeps the object (host memory), in its own
+                buffer = self._buffers.take(nbytes) if put_copies(st.tier) else None
+                try:
+                    obj = seal(
+                        key,
+                        tier=name,
+                        block_key=block_key,
+                        scope_digest=scope_digest,
+                        deadline_us=deadline_us,
+                        written_us=written_us,
+                        payload=view,
+                        buffer=buffer,
+                    )
+                    puts.append(self._put(st, obj, now_us))
+                finally:
+                    if buffer is not None:
+                        self._buffers.give(buffer)
         return OffloadResult(tuple(puts), key.key_id.hex())
 
     def _put(self, st: _TierState, obj: SealedBlock, now_us: int) -> TierPut:

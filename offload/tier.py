@@ -18,7 +18,7 @@ from kvgov.exceptions import InternalError, InvalidOffloadArgument
 
 from .objects import ObjectInfo, SealedBlock
 
-__all__ = ["LruIndex", "Tier", "TierUsage", "check_capacity", "check_tier_name"]
+__all__ = ["LruIndex", "Tier", "TierUsage", "check_capacity", "check_tier_name", "put_copies"]
 
 V = TypeVar("V")
 
@@ -42,6 +42,11 @@ class Tier(Protocol):
     Implementations: :class:`~kvgov.offload.HostMemoryTier`,
     :class:`~kvgov.offload.DiskTier`, :class:`~kvgov.offload.RedisTier`. Every method may
     raise :class:`~kvgov.exceptions.TierUnavailable`.
+
+    Optionally, a class attribute ``put_copies = True`` says that ``put`` copies the
+    object's bytes out (to a file, to a server) and keeps no reference to the object or
+    its buffers once it returns; the store then seals into buffers it reuses (see
+    :func:`put_copies`). A tier that does not say so is assumed to keep the object.
     """
 
     @property
@@ -93,6 +98,13 @@ class Tier(Protocol):
     def close(self) -> None:
         """Release the tier's resources (a local tier drops its objects)."""
         ...
+
+
+def put_copies(tier: Tier) -> bool:
+    """Whether ``tier.put`` copies an object's bytes out and keeps nothing of it once it
+    returns (its class says ``put_copies = True``): the buffer the object was sealed into
+    may then be reused for the next one. False for a tier that does not say so."""
+    return getattr(type(tier), "put_copies", False) is True
 
 
 def check_tier_name(name: object) -> str:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from kvgov.exceptions import DataKeyDestroyed, ObjectTampered
+from kvgov.exceptions import DataKeyDestroyed, InternalError, ObjectTampered
 from kvgov.offload.crypto import DataKey, associated_data, open_sealed, seal
 from kvgov.offload.objects import SealedBlock, decode, encode
 
@@ -235,3 +235,21 @@ def test_a_sealed_object_is_encoded_in_its_own_buffer_byte_for_byte() -> None:
     assert back == obj and opened == b"kv" * 300
     other = dataclasses.replace(obj, deadline_us=obj.deadline_us + 1)
     assert other.encoded is None and bytes(encode(other)) != bytes(fast)
+
+
+def test_a_sealed_object_can_be_built_at_the_start_of_a_callers_buffer() -> None:
+    """seal(buffer=...) writes the object at the start of a larger buffer (the store's
+    reused one): encode() is a view of exactly the object there, it opens, and the bytes
+    after it are left alone; a buffer too short for the object is refused."""
+    buffer = bytearray(b"\xee" * 1000)
+    obj = seal(_key(), payload=b"kv" * 300, buffer=buffer, **ARGS)
+    fast = encode(obj)
+    assert isinstance(fast, memoryview) and fast.obj is buffer and fast.nbytes == obj.nbytes
+    assert bytes(fast) == bytes(encode(dataclasses.replace(obj)))  # the documented layout
+    assert buffer[obj.nbytes :] == b"\xee" * (1000 - obj.nbytes)
+    back = decode(fast, tier="host", block_key=b"K" * 32)
+    assert open_sealed(_key(), back, tier="host", block_key=b"K" * 32, scope_digest=b"S" * 32) == (
+        b"kv" * 300
+    )
+    with pytest.raises(InternalError, match="cannot hold"):
+        seal(_key(), payload=b"kv" * 300, buffer=bytearray(obj.nbytes - 1), **ARGS)
