@@ -437,11 +437,16 @@ class GovernedKVConnector(KVConnectorBase_V1):
     def kvgov_block_views(self, block_id: int) -> list[torch.Tensor]:
         return [t.select(dim, block_id) for _n, t, dim in self.kvgov_kv]
 
-    def kvgov_payload(self, block_id: int) -> bytes:
-        return b"".join(
-            v.contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
-            for v in self.kvgov_block_views(block_id)
-        )
+    def kvgov_stage(self, block_id: int, scratch: bytearray) -> memoryview:
+        """Copy one block's KV (every layer's view, in order) into ``scratch``: the only
+        plaintext copy a save makes, which the caller zeroes once the block is sealed."""
+        pos = 0
+        for view in self.kvgov_block_views(block_id):
+            n = view.numel() * view.element_size()
+            dst = torch.frombuffer(scratch, dtype=torch.uint8, count=n, offset=pos)
+            dst.view(view.dtype).reshape(view.shape).copy_(view)
+            pos += n
+        return memoryview(scratch)[:pos]
 
     def kvgov_fill(self, block_id: int, data: memoryview) -> None:
         pos = 0
@@ -513,19 +518,26 @@ class GovernedKVConnector(KVConnectorBase_V1):
             self.kvgov_out.prefills.append(
                 (meta.tokens, time.perf_counter() - self.kvgov_step_start)
             )
-        for save in meta.saves:
-            stored = []
-            outcome = PutOutcome.STORED.value
-            for block_id, key in zip(save.block_ids, save.block_keys, strict=True):
-                result = self.fleet.save(
-                    key, save.scope, save.tenant, save.deadline, self.kvgov_payload(block_id)
-                )
-                put = result.puts[0].outcome
-                if put is not PutOutcome.STORED:
-                    outcome = put.value
-                    break
-                stored.append(block_id)
-            self.kvgov_out.reports.append(("save", save.req_id, tuple(stored), outcome, ""))
+        if not meta.saves:
+            return
+        # one plaintext staging buffer for the step's saves, zeroed however they end
+        scratch = bytearray(self.kvgov_block_nbytes())
+        try:
+            for save in meta.saves:
+                stored = []
+                outcome = PutOutcome.STORED.value
+                for block_id, key in zip(save.block_ids, save.block_keys, strict=True):
+                    payload = self.kvgov_stage(block_id, scratch)
+                    result = self.fleet.save(key, save.scope, save.tenant, save.deadline, payload)
+                    payload.release()
+                    put = result.puts[0].outcome
+                    if put is not PutOutcome.STORED:
+                        outcome = put.value
+                        break
+                    stored.append(block_id)
+                self.kvgov_out.reports.append(("save", save.req_id, tuple(stored), outcome, ""))
+        finally:
+            scratch[:] = bytes(len(scratch))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self.kvgov_errors = self.kvgov_errors, set()

@@ -269,3 +269,31 @@ def test_a_load_is_skipped_when_recomputing_is_cheaper(vllm: Any, prefix: str) -
     assert misses[0].details["restore_bytes_per_s"] == 1.0  # the figures behind it
     metrics = two.conn.kvgov_metrics()
     assert metrics["skipped_loads"] >= 1 and metrics["offload_pays"] is False
+
+
+def test_a_save_leaves_no_plaintext_copy_of_the_kv_behind(
+    vllm: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker stages each block's KV in one buffer for sealing and zeroes it after the
+    step's saves: the plaintext handed to the tier's sealer is a view of that buffer,
+    which reads zero once the step is done (an immutable copy could never be cleared),
+    and what was sealed is the block's KV (server 2 loads it back)."""
+    one, two = _servers(vllm, prefix)
+    seen: list[tuple[Any, bytes]] = []
+    save = one.worker.fleet.save
+
+    def spy(key: bytes, scope: bytes, tenant: str, deadline: float, payload: Any) -> Any:
+        assert isinstance(payload, memoryview), type(payload)
+        seen.append((payload.obj, bytes(payload)))
+        return save(key, scope, tenant, deadline, payload)
+
+    monkeypatch.setattr(one.worker.fleet, "save", spy)
+    one.run("a1", "A")
+    assert len(seen) >= 9
+    assert any(any(plain) for _buf, plain in seen), "the staged KV was the block's"
+    for buf, _plain in seen:
+        assert isinstance(buf, bytearray) and not any(buf), "the staging buffer reads zero"
+    hit, table = two.run("a2", "A")
+    assert hit >= 9 * 16
+    for i, b in enumerate(table[: hit // 16]):
+        assert bool((two.kv[:, b] == float(i + 1)).all())
