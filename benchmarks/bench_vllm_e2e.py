@@ -122,9 +122,13 @@ def _one(client: Any, tenant: str, text: str, token_key: bytes) -> Result:
 
 
 def run_turn(
-    server: Server, requests: list[tuple[str, str]], token_key: bytes, part: int = -1
+    server: Server,
+    requests: list[tuple[str, str]],
+    token_key: bytes,
+    part: int = -1,
+    concurrency: int = CONCURRENCY,
 ) -> tuple[float, list[Result]]:
-    """Send the workload to one server from CONCURRENCY clients; (wall seconds, results)."""
+    """Send the workload to one server from ``concurrency`` clients; (wall seconds, results)."""
     from openai import OpenAI
 
     local = threading.local()
@@ -135,7 +139,7 @@ def run_turn(
         return _one(local.client, item[0], item[1], token_key)
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
+    with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(send, requests))
     for i, r in enumerate(results):
         r.part, r.index = part, i
