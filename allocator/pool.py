@@ -823,8 +823,8 @@ class BlockPool:
     def _enforce_caps(self, blocks: list[int]) -> None:
         """Evict, for each group of ``blocks`` over its cap, its excess (reason ``"cap"``)."""
         queue = self._queue
-        if not isinstance(queue, QuotaQueue):
-            return
+        if not isinstance(queue, QuotaQueue) or not queue.went_over():
+            return  # no group went over its cap (the rule): nothing to look at per block
         group = self._meta.group
         for gid in dict.fromkeys(group[b] for b in blocks):
             excess = queue.excess(gid)

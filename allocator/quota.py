@@ -17,21 +17,31 @@ Eviction order otherwise is the plain one: lowest priority first, least recently
 used within a priority, across all groups (reasons ``"priority"`` and
 ``"capacity"``, as in :class:`~kvgov.allocator.eviction.EvictionQueue`).
 
-Structure: one :class:`~kvgov.allocator.eviction.EvictionQueue` per group and a
-stamp per block (a counter taken when it is cached) that orders blocks of
-different groups within a priority. Choosing ``n`` victims merges the groups'
-heads in a heap: O(g + n log g) for g groups, never a scan of the cache.
+Structure: one ``OrderedDict`` of block ids (oldest first) per (group, priority)
+that holds blocks, filed by priority; the priorities that hold blocks in a sorted
+list (the highest is the top, for the reasons); a count per group; and a stamp per
+block (a counter taken when it is queued) that orders blocks of different groups
+within a priority. Choosing ``n`` victims walks the priorities up from the lowest
+and, where several groups' lists are eligible at one priority, merges their heads
+in a heap by *runs*: the list at the top of the heap gives every block older than
+the next list's head in one go (a request's blocks are queued together, so a run
+is usually the whole request). Cost: O(r log L + n) for r runs from L lists,
+never a scan of the cache, and no work for a group that holds nothing at the
+priorities taken from.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import insort
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from kvgov.exceptions import InvalidQuota
 
-from .eviction import CAPACITY, PRIORITY, EvictionQueue
+from .eviction import CAPACITY, PRIORITY
 
 __all__ = ["CAP", "FLOOR_PRESSURE", "PRESSURE_REASONS", "Quota", "QuotaQueue", "check_quotas"]
 
@@ -105,14 +115,37 @@ class QuotaQueue:
     Not thread safe on its own: the pool calls it under its lock.
     """
 
-    __slots__ = ("_clock", "_groups", "_queues", "_quotas", "_size", "_stamp")
+    __slots__ = (
+        "_caps",
+        "_clock",
+        "_count",
+        "_floors",
+        "_groups",
+        "_live",
+        "_over",
+        "_prios",
+        "_quotas",
+        "_size",
+        "_stamp",
+    )
 
     def __init__(self, groups: list[int], num_blocks: int, quotas: Mapping[int, Quota]) -> None:
         self._groups = groups
-        self._queues: dict[int, EvictionQueue] = {}
         self._stamp = [0] * num_blocks
         self._clock = 0
         self._quotas = dict(quotas)
+        #: group -> its floor (groups with one) and its cap (groups with one)
+        self._floors = {g: q.floor for g, q in quotas.items() if q.floor}
+        self._caps = {g: q.cap for g, q in quotas.items() if q.cap is not None}
+        #: priority -> group -> that group's blocks at that priority, oldest first
+        #: (only lists that hold blocks, only priorities that hold lists)
+        self._live: dict[int, dict[int, OrderedDict[int, None]]] = {}
+        #: the priorities of _live, ascending
+        self._prios: list[int] = []
+        #: group -> its CACHED blocks
+        self._count: dict[int, int] = {}
+        #: whether a group went over its cap since :meth:`went_over` last looked
+        self._over = False
         self._size = 0
 
     def __len__(self) -> int:
@@ -120,63 +153,104 @@ class QuotaQueue:
 
     def __iter__(self) -> Iterator[int]:
         """Yield block ids in plain eviction order (priority, then age), ignoring quotas."""
-        stamp = self._stamp
-        keyed = [(p, stamp[b], b) for p, ids in self._merged().items() for b in ids]
-        for _, _, b in sorted(keyed):
-            yield b
+        for ids in self._merged().values():
+            yield from ids
 
     def _merged(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        for q in self._queues.values():
-            for p, level in q.levels().items():
-                out.setdefault(p, []).extend(level)
         stamp = self._stamp
-        for ids in out.values():
+        out: dict[int, list[int]] = {}
+        for p in self._prios:
+            ids = [b for q in self._live[p].values() for b in q]
             ids.sort(key=stamp.__getitem__)
+            out[p] = ids
         return out
 
     def levels(self) -> dict[int, tuple[int, ...]]:
         """Each non-empty priority level and its block ids, oldest first (all groups)."""
-        return {p: tuple(ids) for p, ids in sorted(self._merged().items())}
+        return {p: tuple(ids) for p, ids in self._merged().items()}
 
     def count(self, group: int) -> int:
         """How many CACHED blocks ``group`` has."""
-        q = self._queues.get(group)
-        return len(q) if q is not None else 0
+        return self._count.get(group, 0)
 
     def counts(self) -> dict[int, int]:
         """CACHED blocks per group that has any."""
-        return {g: len(q) for g, q in self._queues.items() if q}
+        return {g: c for g, c in self._count.items() if c}
 
     def extend(self, block_ids: Iterable[int], priority: bytearray) -> None:
         """Queue blocks that just became CACHED, most recently used last."""
-        ids = list(block_ids)
+        ids = block_ids if isinstance(block_ids, list) else list(block_ids)
         if not ids:
             return
         groups = self._groups
         stamp = self._stamp
         clock = self._clock
+        g0 = groups[ids[0]]
+        mixed = False
         for b in ids:
             stamp[b] = clock
             clock += 1
+            if groups[b] != g0:
+                mixed = True
         self._clock = clock
-        g0 = groups[ids[0]]
-        if all(groups[b] == g0 for b in ids):
-            self._queue(g0).extend(ids, priority)
-        else:
-            for b in ids:
-                self._queue(groups[b]).extend((b,), priority)
-        self._size += len(ids)
+        wanted = bytes(map(priority.__getitem__, ids))
+        p0 = wanted[0]
+        if not mixed and wanted.count(p0) == len(ids):  # the rule: one request's blocks
+            self._put(g0, p0, ids)
+            return
+        runs: dict[tuple[int, int], list[int]] = {}
+        for b, p in zip(ids, wanted, strict=True):
+            runs.setdefault((groups[b], p), []).append(b)
+        for (g, p), run in runs.items():
+            self._put(g, p, run)
 
-    def _queue(self, group: int) -> EvictionQueue:
-        q = self._queues.get(group)
+    def _put(self, group: int, priority: int, ids: list[int]) -> None:
+        live = self._live.get(priority)
+        if live is None:
+            live = self._live[priority] = {}
+            insort(self._prios, priority)
+        q = live.get(group)
         if q is None:
-            q = self._queues[group] = EvictionQueue()
-        return q
+            q = live[group] = OrderedDict()
+        for b in ids:  # a loop of stores beats OrderedDict.update (see EvictionQueue.extend)
+            q[b] = None
+        n = len(ids)
+        self._size += n
+        c = self._count.get(group, 0) + n
+        self._count[group] = c
+        cap = self._caps.get(group)
+        if cap is not None and c > cap:
+            self._over = True
+
+    def _gone(self, priority: int, group: int) -> None:
+        """Group ``group``'s list at ``priority`` is empty: forget it."""
+        live = self._live[priority]
+        del live[group]
+        if not live:
+            del self._live[priority]
+            self._prios.remove(priority)
+
+    def _take(self, priority: int, group: int, q: OrderedDict[int, None], n: int) -> list[int]:
+        """Remove and return the ``n`` oldest blocks of ``q`` (``group``'s at ``priority``)."""
+        if n == len(q):
+            ids = list(q)
+            self._gone(priority, group)
+        else:
+            ids = list(islice(q, n))
+            for b in ids:
+                del q[b]
+        self._count[group] -= n
+        self._size -= n
+        return ids
 
     def remove(self, block_id: int, priority: int) -> None:
         """Take one block out (a hit, an evict, a revoke): O(1)."""
-        self._queues[self._groups[block_id]].remove(block_id, priority)
+        g = self._groups[block_id]
+        q = self._live[priority][g]
+        del q[block_id]
+        if not q:
+            self._gone(priority, g)
+        self._count[g] -= 1
         self._size -= 1
 
     def pop(self, n: int) -> list[int]:
@@ -184,21 +258,35 @@ class QuotaQueue:
         if n > self._size:
             raise ValueError(f"cannot pop {n} blocks from a queue of {self._size}")
         batches: list[tuple[str, list[int]]] = []
-        self._merge(n, {g: len(q) for g, q in self._queues.items()}, 0, batches, CAPACITY)
+        self._merge(n, 0, batches, floors=False, reason=CAPACITY)
         return [b for _, ids in batches for b in ids]
 
     def excess(self, group: int) -> int:
         """How many CACHED blocks ``group`` holds beyond its cap (0 when none)."""
-        quota = self._quotas.get(group)
-        if quota is None or quota.cap is None:
+        cap = self._caps.get(group)
+        if cap is None:
             return 0
-        return max(0, self.count(group) - quota.cap)
+        return max(0, self._count.get(group, 0) - cap)
+
+    def went_over(self) -> bool:
+        """Whether a group went over its cap since the last call (then the caller asks
+        :meth:`excess` of the groups it queued blocks for); resets the flag."""
+        over, self._over = self._over, False
+        return over
 
     def take_own(self, group: int, n: int) -> list[int]:
         """Remove and return ``group``'s next ``n`` blocks in eviction order (its cap)."""
-        q = self._queues[group]
-        out = q.pop(n)
-        self._size -= n
+        if n > self._count.get(group, 0):
+            raise ValueError(f"cannot take {n} blocks of group {group}")
+        out: list[int] = []
+        live = self._live
+        for p in list(self._prios):  # a copy: a level goes when its last list empties
+            q = live[p].get(group)
+            if q is not None:
+                t = min(n - len(out), len(q))
+                out.extend(self._take(p, group, q, t))
+                if len(out) == n:
+                    break
         return out
 
     def choose(self, n: int, group: int) -> list[tuple[str, list[int]]]:
@@ -220,58 +308,95 @@ class QuotaQueue:
         if n > self._size:
             raise ValueError(f"cannot choose {n} blocks from a queue of {self._size}")
         out: list[tuple[str, list[int]]] = []
-        quota = self._quotas.get(group)
-        if n and quota is not None and quota.cap is not None and self.count(group) >= quota.cap:
-            take = min(n, self.count(group))
-            if take:
-                out.append((CAP, self.take_own(group, take)))
-                n -= take
+        cap = self._caps.get(group)
+        if n and cap is not None:
+            have = self._count.get(group, 0)
+            if have >= cap:
+                take = min(n, have)
+                if take:
+                    out.append((CAP, self.take_own(group, take)))
+                    n -= take
         if not n:
             return out
-        tops = [t for q in self._queues.values() if (t := q.top()) is not None]
-        top = max(tops)
-        quotas = self._quotas
-        spare = {
-            g: len(q) - (quotas[g].floor if g in quotas else 0) for g, q in self._queues.items()
-        }
-        n = self._merge(n, spare, top, out, reason=None)
+        top = self._prios[-1]
+        n = self._merge(n, top, out, floors=True, reason=None)
         if n:
-            spare = {g: len(q) for g, q in self._queues.items()}
-            self._merge(n, spare, top, out, reason=FLOOR_PRESSURE)
+            self._merge(n, top, out, floors=False, reason=FLOOR_PRESSURE)
         return out
 
     def _merge(
         self,
         n: int,
-        spare: dict[int, int],
         top: int,
         out: list[tuple[str, list[int]]],
+        *,
+        floors: bool,
         reason: str | None,
     ) -> int:
-        """Pop up to ``n`` blocks across groups in (priority, stamp) order, each group
-        giving at most its ``spare``; append them to ``out`` by reason; return how
+        """Pop up to ``n`` blocks in (priority, stamp) order across groups, each group
+        giving only what is beyond its floor when ``floors``; append them to ``out``
+        by reason (``reason``, or by priority against ``top`` when None); return how
         many are still wanted."""
+        count = self._count
+        floor_of = self._floors if floors else None
+        live = self._live
+        for p in list(self._prios):  # a copy: a level goes when its last list empties
+            why = reason or (PRIORITY if p < top else CAPACITY)
+            lists: list[tuple[int, OrderedDict[int, None], int]] = []
+            for g, q in live[p].items():
+                limit = len(q)
+                if floor_of:
+                    f = floor_of.get(g)
+                    if f and count[g] - f < limit:
+                        limit = count[g] - f
+                if limit > 0:
+                    lists.append((g, q, limit))
+            if len(lists) == 1:
+                g, q, limit = lists[0]
+                t = min(n, limit)
+                _add(out, why, self._take(p, g, q, t))
+                n -= t
+            elif lists:
+                n = self._merge_level(p, n, lists, why, out)
+            if not n:
+                break
+        return n
+
+    def _merge_level(
+        self,
+        priority: int,
+        n: int,
+        lists: list[tuple[int, OrderedDict[int, None], int]],
+        why: str,
+        out: list[tuple[str, list[int]]],
+    ) -> int:
+        """Several groups' lists at one priority (each with how many it may give),
+        merged oldest first, by runs; returns how many blocks are still wanted."""
         stamp = self._stamp
-        queues = self._queues
-        heap: list[tuple[int, int, int]] = []
-        for g, s in spare.items():
-            if s > 0:
-                p, b = queues[g].head()
-                heap.append((p, stamp[b], g))
+        heap = [(stamp[next(iter(q))], g, q, limit) for g, q, limit in lists]
         heapq.heapify(heap)
         while n and heap:
-            p, _, g = heapq.heappop(heap)
-            q = queues[g]
-            b = q.popleft()
-            self._size -= 1
-            n -= 1
-            why = reason or (PRIORITY if p < top else CAPACITY)
-            if out and out[-1][0] == why:
-                out[-1][1].append(b)
+            _, g, q, limit = heapq.heappop(heap)
+            most = min(n, limit)
+            if heap:  # every block older than the next list's head, up to ``most``
+                bound = heap[0][0]
+                t = most
+                for i, b in enumerate(q):
+                    if i == most or stamp[b] > bound:
+                        t = i
+                        break
             else:
-                out.append((why, [b]))
-            spare[g] -= 1
-            if spare[g] > 0 and q:
-                p2, b2 = q.head()
-                heapq.heappush(heap, (p2, stamp[b2], g))
+                t = most
+            _add(out, why, self._take(priority, g, q, t))
+            n -= t
+            limit -= t
+            if limit and n:
+                heapq.heappush(heap, (stamp[next(iter(q))], g, q, limit))
         return n
+
+
+def _add(out: list[tuple[str, list[int]]], reason: str, ids: list[int]) -> None:
+    if out and out[-1][0] == reason:
+        out[-1][1].extend(ids)
+    else:
+        out.append((reason, ids))

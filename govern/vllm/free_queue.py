@@ -31,11 +31,17 @@ calls) takes, in this order:
    highest priority cached, ``capacity`` at it);
 4. cached blocks within floors, in the same order (``floor_pressure``).
 
-Cost: a free appends a batch to the list of its key (one key lookup per block and
-vLLM's append); a hit removes the block from its list in O(1); an allocation walks
-the few non-empty lists by priority (at most 101 per group), and with quotas merges
-the heads of one priority's lists in a heap by the time each block was freed (a
-per-block stamp): O(n log L) for n blocks and L lists, never a scan of the cache.
+Cost: a free appends a batch to the list of its key (one pass over the batch reads
+each block's key, and stamps it under quotas; then vLLM's append); a hit removes the
+block from its list in O(1); an allocation walks up the priorities that hold free
+cached blocks (a sorted list kept as lists fill and empty, so the top priority, for
+the reasons, is its last), taking from the one list there is at each without
+quotas. With quotas, several groups' lists at one priority are merged in a heap by
+the time each block was freed (a per-block stamp), a *run* at a time: the list with
+the oldest head gives every block freed before the next list's head in one take
+(a request's blocks are freed together, so a run is usually a whole request):
+O(r log L + n) for n blocks in r runs from L lists, never a scan of the cache, and
+nothing per group that holds no block at the priorities taken from.
 A tenant that goes over its cap (blocks freed, a lower cap) loses its excess at once
 (:meth:`kvgov_trim`, reason ``cap``). Priorities whose duration passed decay to the
 default before victims are chosen (a heap of deadlines, :class:`~kvgov.allocator.priority.Decay`).
@@ -48,6 +54,8 @@ Only the engine core's thread touches it.
 from __future__ import annotations
 
 import heapq
+import sys
+from bisect import insort
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -62,12 +70,14 @@ from kvgov.exceptions import InternalError
 
 from . import fence
 
-__all__ = ["BASE", "SPAN", "GovernedFreeQueue", "key_of"]
+__all__ = ["BASE", "NO_CAP", "SPAN", "GovernedFreeQueue", "key_of"]
 
 #: Keys per quota group: a key is ``group * SPAN + priority`` (priorities are 0..100).
 SPAN = 128
 #: The key of vLLM's own list: group 0 (no quota), the default priority.
 BASE = DEFAULT_PRIORITY
+#: The cap of a quota group without one (more blocks than any pool holds).
+NO_CAP = sys.maxsize
 
 
 def key_of(group: int, priority: int) -> int:
@@ -100,12 +110,21 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_blocks: list[Any] = pool.blocks
         #: per block id: its key (meaningful while it holds a hash)
         self.kvgov_key: list[int] = [BASE] * n
-        #: key -> vLLM list of the free cached blocks of that key (never BASE)
+        #: key -> vLLM list of the free cached blocks of that key (never BASE); a list
+        #: made once is kept, empty or not
         self.kvgov_levels: dict[int, FreeKVCacheBlockQueue] = {}
+        #: priority -> key -> the lists of kvgov_levels at that priority that hold blocks
+        #: (only priorities that have one); vLLM's own list is never here
+        self.kvgov_live: dict[int, dict[int, FreeKVCacheBlockQueue]] = {}
+        #: the priorities of kvgov_live, ascending
+        self.kvgov_prios: list[int] = []
         #: free blocks in kvgov_levels (the rest of num_free_blocks are in vLLM's list)
         self.kvgov_in_levels = 0
-        #: per quota group (index): its free cached blocks; index 0 unused
+        #: per quota group (index): its free cached blocks, floor and cap (NO_CAP: none);
+        #: index 0 (no quota) unused
         self.kvgov_counts: list[int] = [0]
+        self.kvgov_floors: list[int] = [0]
+        self.kvgov_caps: list[int] = [NO_CAP]
         #: quota group -> its floor and cap; tenant -> quota group
         self.kvgov_quotas: dict[int, Quota] = {}
         self.kvgov_group_ids: dict[str, int] = {}
@@ -126,20 +145,46 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if not blocks:
             return
         key = self.kvgov_key
-        if self.kvgov_stamp is not None:
-            self._kvgov_stamp(blocks)
         k0 = key[blocks[0].block_id]
-        for b in blocks:
-            if key[b.block_id] != k0:
-                break
-        else:  # one key: the rule (a request's blocks)
-            self._kvgov_put(k0, blocks)
+        stamp = self.kvgov_stamp
+        mixed = False
+        if stamp is None:
+            for b in blocks:
+                if key[b.block_id] != k0:
+                    mixed = True
+                    break
+        else:  # one pass stamps the blocks and checks their keys
+            c = self.kvgov_clock
+            for b in blocks:
+                i = b.block_id
+                stamp[i] = c
+                c += 1
+                if key[i] != k0:
+                    mixed = True
+            self.kvgov_clock = c
+        if not mixed:  # one key: the rule (a request's blocks)
+            if k0 == BASE:
+                FreeKVCacheBlockQueue.append_n(self, blocks)
+                return
+            q = self.kvgov_levels.get(k0)
+            if q is not None and q.num_free_blocks and stamp is None:
+                # the common case without quotas, inline: a list that holds blocks
+                # already (filed), group 0 (no counts, no cap)
+                q.append_n(blocks)
+                n = len(blocks)
+                self.num_free_blocks += n
+                self.kvgov_in_levels += n
+            else:
+                self._kvgov_put(k0, blocks)
             return
         by: dict[int, list[Any]] = {}
         for b in blocks:
             by.setdefault(key[b.block_id], []).append(b)
         for k, run in by.items():
-            self._kvgov_put(k, run)
+            if k == BASE:
+                super().append_n(run)
+            else:
+                self._kvgov_put(k, run)
 
     def append(self, block: Any) -> None:
         self.append_n([block])
@@ -149,7 +194,10 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if k == BASE or fence.block_hash(block) is None:
             super().remove(block)
             return
-        self.kvgov_levels[k].remove(block)
+        q = self.kvgov_levels[k]
+        q.remove(block)
+        if not q.num_free_blocks:
+            self._kvgov_gone(k)
         self.num_free_blocks -= 1
         self.kvgov_in_levels -= 1
         g = k // SPAN
@@ -183,14 +231,13 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
                 out = super().popleft_n(lead)
                 n -= lead
                 base_n -= lead
-        if not n:
-            return out
+                if not n:
+                    return out
         if not self.kvgov_quotas:
             return self._kvgov_by_priority(n, base_n, out)
         batches: list[tuple[str, list[Any]]] = []
         g = self.kvgov_allocating
-        quota = self.kvgov_quotas.get(g) if g else None
-        if quota is not None and quota.cap is not None and self.kvgov_counts[g] >= quota.cap:
+        if g and self.kvgov_counts[g] >= self.kvgov_caps[g]:
             take = min(n, self.kvgov_counts[g])
             if take:
                 batches.append((CAP, self._kvgov_take_group(g, take)))
@@ -234,7 +281,7 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self, block_ids: list[int], priority: int, group: int, deadline: float | None
     ) -> None:
         """Blocks just cached (still owned): their priority, quota group and decay."""
-        k = key_of(group, priority)
+        k = group * SPAN + priority
         key = self.kvgov_key
         for b in block_ids:
             key[b] = k
@@ -264,6 +311,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_group_ids = {t: i + 1 for i, t in enumerate(names)}
         self.kvgov_quotas = {i + 1: quotas[t] for i, t in enumerate(names)}
         self.kvgov_counts = [0] * (len(names) + 1)
+        self.kvgov_floors = [0] + [quotas[t].floor for t in names]
+        self.kvgov_caps = [NO_CAP] + [_cap(quotas[t]) for t in names]
         self.kvgov_stamp = [0] * len(self.kvgov_blocks) if quotas else None
         table = self.kvgov_pool.kvgov_owner_table
         key = self.kvgov_key
@@ -276,6 +325,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         # empty every list, then re-queue in the order they were in
         FreeKVCacheBlockQueue.__init__(self, [])
         self.kvgov_levels = {}
+        self.kvgov_live = {}
+        self.kvgov_prios = []
         self.kvgov_in_levels = 0
         unhashed = [b for b in order if fence.block_hash(b) is None]
         hashed = fence.hashed_blocks(order)
@@ -291,9 +342,10 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             return
         self.kvgov_over = False
         counts = self.kvgov_counts
-        for g, quota in self.kvgov_quotas.items():
-            if quota.cap is not None and counts[g] > quota.cap:
-                victims = self._kvgov_take_group(g, counts[g] - quota.cap)
+        caps = self.kvgov_caps
+        for g in self.kvgov_quotas:
+            if counts[g] > caps[g]:
+                victims = self._kvgov_take_group(g, counts[g] - caps[g])
                 self.kvgov_pool.kvgov_drop(victims, CAP)
                 super().prepend_n(victims)  # no hash now: reused first
 
@@ -319,6 +371,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
                 moved.extend(q.popleft_n(q.num_free_blocks))
         self.num_free_blocks -= len(moved)
         self.kvgov_in_levels = 0
+        self.kvgov_live = {}
+        self.kvgov_prios = []
         self.kvgov_counts = [0] * len(self.kvgov_counts)
         self.kvgov_decay = Decay()
         self.kvgov_decaying = False
@@ -374,7 +428,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         return {t: self.kvgov_counts[g] for t, g in self.kvgov_group_ids.items()}
 
     def kvgov_check(self) -> None:
-        """Every free block is in the list of its key; the counts add up.
+        """Every free block is in the list of its key; the counts add up; the lists that
+        hold blocks, and only they, are filed by priority.
 
         Raises:
             InternalError: they do not (a bug in kvgov).
@@ -386,6 +441,7 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             if fence.block_hash(b) is not None and key[b.block_id] != BASE:
                 raise InternalError(f"block {b.block_id} of key {key[b.block_id]} in vLLM's list")
         counts = [0] * len(self.kvgov_counts)
+        live: dict[int, dict[int, Any]] = {}
         for k, q in self.kvgov_levels.items():
             blocks = q.get_all_free_blocks()
             if len(blocks) != q.num_free_blocks:
@@ -396,29 +452,29 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             total += len(blocks)
             if k // SPAN:
                 counts[k // SPAN] += len(blocks)
+            if blocks:
+                live.setdefault(k % SPAN, {})[k] = q
         if total != self.num_free_blocks:
             raise InternalError(f"{total} free blocks, counted {self.num_free_blocks}")
         if total - len(base) != self.kvgov_in_levels or counts[1:] != self.kvgov_counts[1:]:
             raise InternalError("the governed free queue's counts are wrong")
+        if live != self.kvgov_live or self.kvgov_prios != sorted(live):
+            raise InternalError("the governed free queue's lists by priority are wrong")
 
     # ------------------------------------------------------------------ internals
 
-    def _kvgov_stamp(self, blocks: list[Any]) -> None:
-        stamp = self.kvgov_stamp
-        assert stamp is not None
-        c = self.kvgov_clock
-        for b in blocks:
-            stamp[b.block_id] = c
-            c += 1
-        self.kvgov_clock = c
-
     def _kvgov_put(self, k: int, blocks: list[Any]) -> None:
-        if k == BASE:
-            super().append_n(blocks)
-            return
+        """Append ``blocks`` to the list of key ``k`` (not BASE)."""
         q = self.kvgov_levels.get(k)
         if q is None:
             q = self.kvgov_levels[k] = FreeKVCacheBlockQueue([])
+        if not q.num_free_blocks:  # the list starts holding blocks: file it
+            p = k % SPAN
+            live = self.kvgov_live.get(p)
+            if live is None:
+                live = self.kvgov_live[p] = {}
+                insort(self.kvgov_prios, p)
+            live[k] = q
         q.append_n(blocks)
         n = len(blocks)
         self.num_free_blocks += n
@@ -427,9 +483,17 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if g:
             c = self.kvgov_counts[g] + n
             self.kvgov_counts[g] = c
-            quota = self.kvgov_quotas.get(g)
-            if quota is not None and quota.cap is not None and c > quota.cap:
+            if c > self.kvgov_caps[g]:
                 self.kvgov_over = True
+
+    def _kvgov_gone(self, k: int) -> None:
+        """The list of key ``k`` holds no block now: unfile it."""
+        p = k % SPAN
+        live = self.kvgov_live[p]
+        del live[k]
+        if not live:
+            del self.kvgov_live[p]
+            self.kvgov_prios.remove(p)
 
     def _kvgov_pop(self, k: int, q: FreeKVCacheBlockQueue, n: int) -> list[Any]:
         """Take ``n`` blocks from the head of list ``q`` (of key ``k``; ``self``: vLLM's)."""
@@ -437,6 +501,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             blocks: list[Any] = super().popleft_n(n)
             return blocks
         blocks = q.popleft_n(n)
+        if not q.num_free_blocks:
+            self._kvgov_gone(k)
         self.num_free_blocks -= n
         self.kvgov_in_levels -= n
         g = k // SPAN
@@ -448,25 +514,31 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         """Take ``group``'s next ``n`` cached blocks: lowest priority first, LRU within one."""
         out: list[Any] = []
         lo = g * SPAN
-        for k in sorted(k for k in self.kvgov_levels if lo <= k < lo + SPAN):
-            q = self.kvgov_levels[k]
-            t = min(n - len(out), q.num_free_blocks)
-            if t:
-                out.extend(self._kvgov_pop(k, q, t))
-            if len(out) == n:
-                break
+        live = self.kvgov_live
+        for p in list(self.kvgov_prios):  # a copy: a priority goes when its lists empty
+            q = live[p].get(lo + p)
+            if q is not None:
+                t = min(n - len(out), q.num_free_blocks)
+                out.extend(self._kvgov_pop(lo + p, q, t))
+                if len(out) == n:
+                    break
         return out
+
+    def _kvgov_order(self, base_n: int) -> tuple[list[int], int]:
+        """The priorities that hold free cached blocks, ascending (vLLM's list counts at
+        the default priority when it holds ``base_n`` blocks), and the highest of them."""
+        prios = self.kvgov_prios
+        if base_n and BASE not in self.kvgov_live:
+            prios = prios.copy()
+            insort(prios, BASE)
+        return prios, (prios[-1] if prios else -1)
 
     def _kvgov_by_priority(self, n: int, base_n: int, out: list[Any]) -> list[Any]:
         """:meth:`popleft_n` without quotas: one list per priority (key), lowest first."""
-        levels = self.kvgov_levels
-        keys = [k for k, q in levels.items() if q.num_free_blocks]
-        if base_n:
-            keys.append(BASE)
-        keys.sort()
-        top = keys[-1]
+        prios, top = self._kvgov_order(base_n)
         report = self.kvgov_pool.kvgov_evicted
-        for k in keys:
+        levels = self.kvgov_levels
+        for k in list(prios):  # a copy: a priority goes when its list empties
             if k == BASE:
                 t = n if n < base_n else base_n
                 blocks: list[Any] = super().popleft_n(t)
@@ -476,6 +548,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
                 size = q.num_free_blocks
                 t = n if n < size else size
                 blocks = hashed = q.popleft_n(t)
+                if t == size:
+                    self._kvgov_gone(k)
                 self.num_free_blocks -= t
                 self.kvgov_in_levels -= t
             if hashed:
@@ -490,37 +564,30 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         """Take up to ``n`` cached blocks, lowest priority first and LRU within a priority
         across lists; with ``floors`` each quota group gives only what is beyond its floor.
         Appends them to ``batches`` by reason; returns how many are still wanted."""
-        lists: dict[int, list[tuple[int, FreeKVCacheBlockQueue]]] = {}
         base_n = self.num_free_blocks - self.kvgov_in_levels
-        if base_n:
-            lists[DEFAULT_PRIORITY] = [(BASE, self)]
-        for k, q in self.kvgov_levels.items():
-            if q.num_free_blocks:
-                lists.setdefault(k % SPAN, []).append((k, q))
-        if not lists:
-            return n
-        top = max(lists)
+        prios, top = self._kvgov_order(base_n)
         counts = self.kvgov_counts
-        quotas = self.kvgov_quotas
-        spare = list(counts)
-        if floors:
-            for g, quota in quotas.items():
-                spare[g] = max(0, counts[g] - quota.floor)
-        for p in sorted(lists):
+        floor_of = self.kvgov_floors
+        live = self.kvgov_live
+        for p in list(prios):  # a copy: a priority goes when its lists empty
             reason = (PRIORITY if p < top else CAPACITY) if floors else FLOOR_PRESSURE
-            at = lists[p]
-            if len(at) == 1:
-                k, q = at[0]
+            lists: list[tuple[int, FreeKVCacheBlockQueue, int]] = []
+            if p == BASE and base_n:
+                lists.append((BASE, self, base_n))
+            for k, q in live.get(p, {}).items():
+                limit = q.num_free_blocks
                 g = k // SPAN
-                size = base_n if q is self else q.num_free_blocks
-                t = min(n, size, spare[g]) if g else min(n, size)
-                if t:
-                    _add(batches, reason, self._kvgov_pop(k, q, t))
-                    n -= t
-                    if g:
-                        spare[g] -= t
-            else:
-                n = self._kvgov_merge_level(n, at, spare, reason, batches, base_n)
+                if floors and g and counts[g] - floor_of[g] < limit:
+                    limit = counts[g] - floor_of[g]
+                if limit > 0:
+                    lists.append((k, q, limit))
+            if len(lists) == 1:
+                k, q, limit = lists[0]
+                t = n if n < limit else limit
+                _add(batches, reason, self._kvgov_pop(k, q, t))
+                n -= t
+            elif lists:
+                n = self._kvgov_merge_level(n, lists, reason, batches)
             if not n:
                 break
         return n
@@ -528,36 +595,38 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
     def _kvgov_merge_level(
         self,
         n: int,
-        at: list[tuple[int, FreeKVCacheBlockQueue]],
-        spare: list[int],
+        lists: list[tuple[int, FreeKVCacheBlockQueue, int]],
         reason: str,
         batches: list[tuple[str, list[Any]]],
-        base_n: int,
     ) -> int:
-        """One priority's lists (several quota groups), merged by the time each block was freed."""
+        """One priority's lists (several quota groups, each with how many blocks it may
+        give), merged by the time each block was freed, a run at a time: the list whose
+        head is oldest gives every block freed before the next list's head."""
         stamp = self.kvgov_stamp
         if stamp is None:
             raise InternalError("several lists at one priority without quotas")
-        left = {k: (base_n if q is self else q.num_free_blocks) for k, q in at}
-        heap: list[tuple[int, int, FreeKVCacheBlockQueue]] = []
-        for k, q in at:
-            g = k // SPAN
-            if left[k] and (not g or spare[g] > 0):
-                head = fence.first_free(q)
-                heap.append((stamp[head.block_id], k, q))
+        heap: list[tuple[int, int, FreeKVCacheBlockQueue, int]] = [
+            (stamp[fence.first_free(q).block_id], k, q, limit) for k, q, limit in lists
+        ]
         heapq.heapify(heap)
         while n and heap:
-            _, k, q = heapq.heappop(heap)
-            g = k // SPAN
-            _add(batches, reason, self._kvgov_pop(k, q, 1))
-            n -= 1
-            left[k] -= 1
-            if g:
-                spare[g] -= 1
-            if left[k] and (not g or spare[g] > 0):
-                head = fence.first_free(q)
-                heapq.heappush(heap, (stamp[head.block_id], k, q))
+            _, k, q, limit = heapq.heappop(heap)
+            most = n if n < limit else limit
+            if heap:
+                bound, k2, _, _ = heap[0]
+                t = fence.head_run(q, most, stamp, bound, k < k2)
+            else:
+                t = most
+            _add(batches, reason, self._kvgov_pop(k, q, t))
+            n -= t
+            limit -= t
+            if limit and n:
+                heapq.heappush(heap, (stamp[fence.first_free(q).block_id], k, q, limit))
         return n
+
+
+def _cap(quota: Quota) -> int:
+    return NO_CAP if quota.cap is None else quota.cap
 
 
 def _add(batches: list[tuple[str, list[Any]]], reason: str, blocks: list[Any]) -> None:
