@@ -1163,6 +1163,8 @@ class BlockPool:
             for b in free:
                 if count[b] != FREE_CODE:
                     raise broken(f"block {b} is on the free stack but {_state_name(count[b])}")
+            if isinstance(self._queue, QuotaQueue):
+                self._queue.check()
             if len(self._queue) != n_cached:
                 raise broken(f"eviction queue holds {len(self._queue)} for {n_cached} CACHED")
             queued: set[int] = set()

@@ -19,15 +19,16 @@ used within a priority, across all groups (reasons ``"priority"`` and
 
 Structure: one ``OrderedDict`` of block ids (oldest first) per (group, priority)
 that holds blocks, filed by priority; the priorities that hold blocks in a sorted
-list (the highest is the top, for the reasons); a count per group; and a stamp per
-block (a counter taken when it is queued) that orders blocks of different groups
-within a priority. Choosing ``n`` victims walks the priorities up from the lowest
-and, where several groups' lists are eligible at one priority, merges their heads
-in a heap by *runs*: the list at the top of the heap gives every block older than
-the next list's head in one go (a request's blocks are queued together, so a run
-is usually the whole request). Cost: O(r log L + n) for r runs from L lists,
-never a scan of the cache, and no work for a group that holds nothing at the
-priorities taken from.
+list (the highest is the top, for the reasons); a count per group; a stamp per
+block (a counter taken when it is queued, kept as its value in its list) that
+orders blocks of different groups within a priority; and per priority a heap of
+its lists' heads by stamp, kept from one allocation to the next (an entry is
+brought up to date only when it reaches the top). Choosing ``n`` victims walks the
+priorities up from the lowest; where several groups' lists are eligible at one, it
+takes *runs* off the heap: the list with the oldest head gives every block older
+than the next list's head in one go (a request's blocks are queued together, so a
+run is usually the whole request). Cost: O(r log L + n) for r runs from L lists,
+never a scan of the cache, and no work for a list that gives nothing.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
-from kvgov.exceptions import InvalidQuota
+from kvgov.exceptions import InternalError, InvalidQuota
 
 from .eviction import CAPACITY, PRIORITY
 
 __all__ = ["CAP", "FLOOR_PRESSURE", "PRESSURE_REASONS", "Quota", "QuotaQueue", "check_quotas"]
+
+#: A list's key in QuotaQueue._mark is ``group * _SPAN + priority`` (priorities are 0..100).
+_SPAN = 128
 
 #: Eviction reason: the block's group is at or over its cap.
 CAP = "cap"
@@ -121,27 +125,33 @@ class QuotaQueue:
         "_count",
         "_floors",
         "_groups",
+        "_heads",
         "_live",
+        "_mark",
         "_over",
         "_prios",
         "_quotas",
         "_size",
-        "_stamp",
     )
 
     def __init__(self, groups: list[int], num_blocks: int, quotas: Mapping[int, Quota]) -> None:
         self._groups = groups
-        self._stamp = [0] * num_blocks
         self._clock = 0
         self._quotas = dict(quotas)
         #: group -> its floor (groups with one) and its cap (groups with one)
         self._floors = {g: q.floor for g, q in quotas.items() if q.floor}
         self._caps = {g: q.cap for g, q in quotas.items() if q.cap is not None}
-        #: priority -> group -> that group's blocks at that priority, oldest first
-        #: (only lists that hold blocks, only priorities that hold lists)
-        self._live: dict[int, dict[int, OrderedDict[int, None]]] = {}
+        #: priority -> group -> that group's blocks at that priority, oldest first, each
+        #: with its stamp (only lists that hold blocks, only priorities that hold lists)
+        self._live: dict[int, dict[int, OrderedDict[int, int]]] = {}
         #: the priorities of _live, ascending
         self._prios: list[int] = []
+        #: priority -> a heap of (stamp, group) of that priority's lists, each list's
+        #: entry no newer than its head (kept lazily: a list's entry is fixed when it
+        #: reaches the top, see _clean), and _mark: per list (group * _SPAN + priority)
+        #: the stamp of its one current entry (others are stale and dropped on sight)
+        self._heads: dict[int, list[tuple[int, int]]] = {}
+        self._mark: dict[int, int] = {}
         #: group -> its CACHED blocks
         self._count: dict[int, int] = {}
         #: whether a group went over its cap since :meth:`went_over` last looked
@@ -157,17 +167,38 @@ class QuotaQueue:
             yield from ids
 
     def _merged(self) -> dict[int, list[int]]:
-        stamp = self._stamp
         out: dict[int, list[int]] = {}
         for p in self._prios:
-            ids = [b for q in self._live[p].values() for b in q]
-            ids.sort(key=stamp.__getitem__)
-            out[p] = ids
+            stamped = sorted((s, b) for q in self._live[p].values() for b, s in q.items())
+            out[p] = [b for _, b in stamped]
         return out
 
     def levels(self) -> dict[int, tuple[int, ...]]:
         """Each non-empty priority level and its block ids, oldest first (all groups)."""
         return {p: tuple(ids) for p, ids in self._merged().items()}
+
+    def check(self) -> None:
+        """Every list that holds blocks is filed at its priority, counted, and has its one
+        current heap entry, no newer than its head; nothing else is filed.
+
+        Raises:
+            InternalError: it is not so (a bug in kvgov).
+        """
+        counts: dict[int, int] = {}
+        marks: dict[int, int] = {}
+        for p, live in self._live.items():
+            heads = set(self._heads.get(p, ()))
+            for g, q in live.items():
+                key = g * _SPAN + p
+                s = self._mark.get(key)
+                if not q or s is None or (s, g) not in heads or s > next(iter(q.values())):
+                    raise InternalError(f"group {g}'s list at priority {p} is misfiled")
+                counts[g] = counts.get(g, 0) + len(q)
+                marks[key] = s
+        if sorted(self._live) != self._prios or set(self._heads) != set(self._live):
+            raise InternalError("the quota queue's priorities are misfiled")
+        if marks != self._mark or counts != self.counts() or sum(counts.values()) != self._size:
+            raise InternalError("the quota queue's counts are wrong")
 
     def count(self, group: int) -> int:
         """How many CACHED blocks ``group`` has."""
@@ -183,37 +214,51 @@ class QuotaQueue:
         if not ids:
             return
         groups = self._groups
-        stamp = self._stamp
         clock = self._clock
+        self._clock = clock + len(ids)
         g0 = groups[ids[0]]
-        mixed = False
-        for b in ids:
-            stamp[b] = clock
-            clock += 1
-            if groups[b] != g0:
-                mixed = True
-        self._clock = clock
         wanted = bytes(map(priority.__getitem__, ids))
         p0 = wanted[0]
-        if not mixed and wanted.count(p0) == len(ids):  # the rule: one request's blocks
-            self._put(g0, p0, ids)
+        if wanted.count(p0) == len(ids) and list(map(groups.__getitem__, ids)).count(g0) == len(
+            ids
+        ):  # the rule: one request's blocks
+            self._put(g0, p0, ids, clock)
             return
         runs: dict[tuple[int, int], list[int]] = {}
-        for b, p in zip(ids, wanted, strict=True):
-            runs.setdefault((groups[b], p), []).append(b)
+        stamps: dict[tuple[int, int], list[int]] = {}
+        for i, (b, p) in enumerate(zip(ids, wanted, strict=True)):
+            key = (groups[b], p)
+            runs.setdefault(key, []).append(b)
+            stamps.setdefault(key, []).append(clock + i)
         for (g, p), run in runs.items():
-            self._put(g, p, run)
+            self._put(g, p, run, stamps[g, p])
 
-    def _put(self, group: int, priority: int, ids: list[int]) -> None:
+    def _put(self, group: int, priority: int, ids: list[int], stamps: int | list[int]) -> None:
+        """Append ``ids`` to ``group``'s list at ``priority``, stamped ``stamps`` (the
+        first of consecutive stamps, or one each)."""
         live = self._live.get(priority)
         if live is None:
             live = self._live[priority] = {}
             insort(self._prios, priority)
         q = live.get(group)
+        first = stamps if isinstance(stamps, int) else stamps[0]
         if q is None:
             q = live[group] = OrderedDict()
-        for b in ids:  # a loop of stores beats OrderedDict.update (see EvictionQueue.extend)
-            q[b] = None
+            heads = self._heads.get(priority)
+            if heads is None:
+                heads = self._heads[priority] = []
+            self._mark[group * _SPAN + priority] = first
+            heapq.heappush(heads, (first, group))
+            if len(heads) > 2 * len(live) + 16:  # mostly stale entries: rebuild
+                self._reheap(priority)
+        if isinstance(stamps, int):
+            # a loop of stores beats OrderedDict.update (see EvictionQueue.extend)
+            for b in ids:
+                q[b] = stamps
+                stamps += 1
+        else:
+            for b, st in zip(ids, stamps, strict=True):
+                q[b] = st
         n = len(ids)
         self._size += n
         c = self._count.get(group, 0) + n
@@ -226,11 +271,44 @@ class QuotaQueue:
         """Group ``group``'s list at ``priority`` is empty: forget it."""
         live = self._live[priority]
         del live[group]
+        del self._mark[group * _SPAN + priority]
         if not live:
             del self._live[priority]
+            del self._heads[priority]
             self._prios.remove(priority)
 
-    def _take(self, priority: int, group: int, q: OrderedDict[int, None], n: int) -> list[int]:
+    def _reheap(self, priority: int) -> None:
+        """Rebuild a priority's heap from its lists' heads (stale entries gone)."""
+        mark = self._mark
+        heads: list[tuple[int, int]] = []
+        for g, q in self._live[priority].items():
+            s = next(iter(q.values()))
+            mark[g * _SPAN + priority] = s
+            heads.append((s, g))
+        heapq.heapify(heads)
+        self._heads[priority] = heads
+
+    def _clean(self, priority: int, heads: list[tuple[int, int]]) -> tuple[int, int] | None:
+        """The heap's top once it is a list's current entry at its head's stamp: stale
+        entries dropped, an entry behind its list's head moved up. None: empty."""
+        live = self._live.get(priority)
+        if live is None:  # the priority's last list just emptied
+            return None
+        mark = self._mark
+        while heads:
+            s, g = heads[0]
+            key = g * _SPAN + priority
+            if mark.get(key) != s:
+                heapq.heappop(heads)  # stale: its list emptied or was re-entered since
+                continue
+            h = next(iter(live[g].values()))
+            if h == s:
+                return heads[0]
+            mark[key] = h
+            heapq.heapreplace(heads, (h, g))
+        return None
+
+    def _take(self, priority: int, group: int, q: OrderedDict[int, int], n: int) -> list[int]:
         """Remove and return the ``n`` oldest blocks of ``q`` (``group``'s at ``priority``)."""
         if n == len(q):
             ids = list(q)
@@ -342,22 +420,20 @@ class QuotaQueue:
         live = self._live
         for p in list(self._prios):  # a copy: a level goes when its last list empties
             why = reason or (PRIORITY if p < top else CAPACITY)
-            lists: list[tuple[int, OrderedDict[int, None], int]] = []
-            for g, q in live[p].items():
+            at = live[p]
+            if len(at) == 1:
+                ((g, q),) = at.items()
                 limit = len(q)
                 if floor_of:
                     f = floor_of.get(g)
                     if f and count[g] - f < limit:
                         limit = count[g] - f
                 if limit > 0:
-                    lists.append((g, q, limit))
-            if len(lists) == 1:
-                g, q, limit = lists[0]
-                t = min(n, limit)
-                _add(out, why, self._take(p, g, q, t))
-                n -= t
-            elif lists:
-                n = self._merge_level(p, n, lists, why, out)
+                    t = min(n, limit)
+                    _add(out, why, self._take(p, g, q, t))
+                    n -= t
+            else:
+                n = self._merge_level(p, n, floor_of, why, out)
             if not n:
                 break
         return n
@@ -366,32 +442,51 @@ class QuotaQueue:
         self,
         priority: int,
         n: int,
-        lists: list[tuple[int, OrderedDict[int, None], int]],
+        floor_of: dict[int, int] | None,
         why: str,
         out: list[tuple[str, list[int]]],
     ) -> int:
-        """Several groups' lists at one priority (each with how many it may give),
-        merged oldest first, by runs; returns how many blocks are still wanted."""
-        stamp = self._stamp
-        heap = [(stamp[next(iter(q))], g, q, limit) for g, q, limit in lists]
-        heapq.heapify(heap)
-        while n and heap:
-            _, g, q, limit = heapq.heappop(heap)
+        """Several groups' lists at one priority merged oldest first, a run at a time
+        (each group giving only what is beyond its floor when ``floor_of``); returns how
+        many blocks are still wanted. The heap of the lists' heads is the priority's
+        own, kept between calls: no work per list that gives nothing."""
+        count = self._count
+        live = self._live[priority]
+        heads = self._heads[priority]
+        held: list[tuple[int, int]] = []  # lists at their floor, out of the heap meanwhile
+        while n:
+            top = self._clean(priority, heads)
+            if top is None:
+                break
+            g = top[1]
+            q = live[g]
+            limit = len(q)
+            if floor_of:
+                f = floor_of.get(g)
+                if f and count[g] - f < limit:
+                    limit = count[g] - f
+                if limit <= 0:
+                    held.append(heapq.heappop(heads))
+                    continue
+            heapq.heappop(heads)
             most = min(n, limit)
-            if heap:  # every block older than the next list's head, up to ``most``
-                bound = heap[0][0]
-                t = most
-                for i, b in enumerate(q):
-                    if i == most or stamp[b] > bound:
+            nxt = self._clean(priority, heads)
+            t = most
+            if nxt is not None:  # every block older than the next list's head
+                bound = nxt[0]
+                for i, st in enumerate(q.values()):
+                    if i == most or st > bound:
                         t = i
                         break
-            else:
-                t = most
+            left = len(q) - t
             _add(out, why, self._take(priority, g, q, t))
             n -= t
-            limit -= t
-            if limit and n:
-                heapq.heappush(heap, (stamp[next(iter(q))], g, q, limit))
+            if left:  # (a list emptied is gone, with its entry)
+                s = next(iter(q.values()))
+                self._mark[g * _SPAN + priority] = s
+                heapq.heappush(heads, (s, g))
+        for entry in held:
+            heapq.heappush(heads, entry)
         return n
 
 

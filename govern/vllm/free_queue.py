@@ -118,6 +118,12 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_live: dict[int, dict[int, FreeKVCacheBlockQueue]] = {}
         #: the priorities of kvgov_live, ascending
         self.kvgov_prios: list[int] = []
+        #: with quotas: priority -> a heap of (stamp, key) of that priority's lists, each
+        #: list's entry no newer than its head (kept lazily: fixed when it reaches the
+        #: top, see _kvgov_clean); kvgov_mark: per list (key) the stamp of its one
+        #: current entry (any other entry of it is stale, dropped on sight)
+        self.kvgov_heads: dict[int, list[tuple[int, int]]] = {}
+        self.kvgov_mark: dict[int, int] = {}
         #: free blocks in kvgov_levels (the rest of num_free_blocks are in vLLM's list)
         self.kvgov_in_levels = 0
         #: per quota group (index): its free cached blocks, floor and cap (NO_CAP: none);
@@ -210,29 +216,37 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[Any]:
+        if self.kvgov_decaying:
+            self.kvgov_decay_due()
+        in_levels = self.kvgov_in_levels
+        # The rule when nothing is evicted: blocks without a hash (freed unkeyed) at the
+        # front of vLLM's list serve it, as vLLM's own popleft_n would.
+        if (
+            in_levels
+            and 0 < n <= self.num_free_blocks - in_levels
+            and fence.leading_unhashed(self, n) == n
+        ):
+            taken: list[Any] = FreeKVCacheBlockQueue.popleft_n(self, n)
+            return taken
         if n <= 0:
             return []
         if n > self.num_free_blocks:
             raise ValueError(f"cannot take {n} blocks from {self.num_free_blocks} free")
-        if self.kvgov_decaying:
-            self.kvgov_decay_due()
-        pool = self.kvgov_pool
-        if not self.kvgov_in_levels:  # every free block is in vLLM's list: vLLM's order
+        if not in_levels:  # every free block is in vLLM's list: vLLM's order
+            pool = self.kvgov_pool
             hashed = fence.hashed_ahead(self, n, pool.cached_block_hashes_by_block)
             if hashed:
                 pool.kvgov_evicted(hashed, CAPACITY)
-            taken: list[Any] = super().popleft_n(n)
+            taken = FreeKVCacheBlockQueue.popleft_n(self, n)
             return taken
         out: list[Any] = []
-        base_n = self.num_free_blocks - self.kvgov_in_levels
+        base_n = self.num_free_blocks - in_levels
         if base_n:
-            lead = fence.leading_unhashed(self, min(n, base_n))
+            lead = fence.leading_unhashed(self, n if n < base_n else base_n)
             if lead:
-                out = super().popleft_n(lead)
+                out = FreeKVCacheBlockQueue.popleft_n(self, lead)
                 n -= lead
                 base_n -= lead
-                if not n:
-                    return out
         if not self.kvgov_quotas:
             return self._kvgov_by_priority(n, base_n, out)
         batches: list[tuple[str, list[Any]]] = []
@@ -248,10 +262,11 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             n = self._kvgov_merge(n, batches, floors=False)
         if n:
             raise InternalError(f"the governed free queue is short of {n} blocks")
+        report = self.kvgov_pool.kvgov_evicted
         for reason, blocks in batches:
             hashed = fence.hashed_blocks(blocks)
             if hashed:
-                pool.kvgov_evicted(hashed, reason)
+                report(hashed, reason)
             out.extend(blocks)
         return out
 
@@ -327,6 +342,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_levels = {}
         self.kvgov_live = {}
         self.kvgov_prios = []
+        self.kvgov_heads = {}
+        self.kvgov_mark = {}
         self.kvgov_in_levels = 0
         unhashed = [b for b in order if fence.block_hash(b) is None]
         hashed = fence.hashed_blocks(order)
@@ -373,6 +390,8 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         self.kvgov_in_levels = 0
         self.kvgov_live = {}
         self.kvgov_prios = []
+        self.kvgov_heads = {}
+        self.kvgov_mark = {}
         self.kvgov_counts = [0] * len(self.kvgov_counts)
         self.kvgov_decay = Decay()
         self.kvgov_decaying = False
@@ -460,6 +479,18 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             raise InternalError("the governed free queue's counts are wrong")
         if live != self.kvgov_live or self.kvgov_prios != sorted(live):
             raise InternalError("the governed free queue's lists by priority are wrong")
+        stamp = self.kvgov_stamp
+        marks: dict[int, int] = {}
+        if stamp is not None:
+            for p, at in live.items():
+                heads = set(self.kvgov_heads.get(p, ()))
+                for k, q in at.items():
+                    h = self.kvgov_mark.get(k)
+                    if h is None or (h, k) not in heads or h > stamp[fence.first_free(q).block_id]:
+                        raise InternalError(f"list {k} has no current entry in its heap")
+                    marks[k] = h
+        if marks != self.kvgov_mark or not set(self.kvgov_heads) <= set(live):
+            raise InternalError("the governed free queue's heaps are wrong")
 
     # ------------------------------------------------------------------ internals
 
@@ -475,6 +506,16 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
                 live = self.kvgov_live[p] = {}
                 insort(self.kvgov_prios, p)
             live[k] = q
+            stamp = self.kvgov_stamp
+            if stamp is not None:  # quotas: its entry in the priority's heap
+                heads = self.kvgov_heads.get(p)
+                if heads is None:
+                    heads = self.kvgov_heads[p] = []
+                h = stamp[blocks[0].block_id]
+                self.kvgov_mark[k] = h
+                heapq.heappush(heads, (h, k))
+                if len(heads) > 2 * len(live) + 16:  # mostly stale entries: rebuild
+                    self._kvgov_reheap(p)
         q.append_n(blocks)
         n = len(blocks)
         self.num_free_blocks += n
@@ -491,16 +532,50 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         p = k % SPAN
         live = self.kvgov_live[p]
         del live[k]
+        self.kvgov_mark.pop(k, None)
         if not live:
             del self.kvgov_live[p]
+            self.kvgov_heads.pop(p, None)
             self.kvgov_prios.remove(p)
 
+    def _kvgov_reheap(self, p: int) -> None:
+        """Rebuild priority ``p``'s heap from its lists' heads (stale entries gone)."""
+        stamp = self.kvgov_stamp
+        assert stamp is not None
+        mark = self.kvgov_mark
+        heads: list[tuple[int, int]] = []
+        for k, q in self.kvgov_live[p].items():
+            h = stamp[fence.first_free(q).block_id]
+            mark[k] = h
+            heads.append((h, k))
+        heapq.heapify(heads)
+        self.kvgov_heads[p] = heads
+
+    def _kvgov_clean(self, p: int, heads: list[tuple[int, int]]) -> tuple[int, int] | None:
+        """The top of priority ``p``'s heap once it is a list's current entry at its
+        head's stamp: stale entries dropped, an entry behind its list's head moved up.
+        None: no list left."""
+        live = self.kvgov_live.get(p)
+        if live is None:
+            return None
+        stamp = self.kvgov_stamp
+        assert stamp is not None
+        mark = self.kvgov_mark
+        while heads:
+            s, k = heads[0]
+            if mark.get(k) != s:
+                heapq.heappop(heads)  # stale: its list emptied or was re-entered since
+                continue
+            h = stamp[fence.first_free(live[k]).block_id]
+            if h == s:
+                return heads[0]
+            mark[k] = h
+            heapq.heapreplace(heads, (h, k))
+        return None
+
     def _kvgov_pop(self, k: int, q: FreeKVCacheBlockQueue, n: int) -> list[Any]:
-        """Take ``n`` blocks from the head of list ``q`` (of key ``k``; ``self``: vLLM's)."""
-        if q is self:
-            blocks: list[Any] = super().popleft_n(n)
-            return blocks
-        blocks = q.popleft_n(n)
+        """Take ``n`` blocks from the head of level list ``q`` (of key ``k``)."""
+        blocks: list[Any] = q.popleft_n(n)
         if not q.num_free_blocks:
             self._kvgov_gone(k)
         self.num_free_blocks -= n
@@ -535,13 +610,27 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
 
     def _kvgov_by_priority(self, n: int, base_n: int, out: list[Any]) -> list[Any]:
         """:meth:`popleft_n` without quotas: one list per priority (key), lowest first."""
+        prios = self.kvgov_prios
+        if prios[0] < BASE or not base_n:  # (in_levels > 0: some level list holds blocks)
+            # The lowest list is a level list (below the default, or vLLM's holds no
+            # block); as a rule it holds the n wanted (a flood under durable blocks).
+            k = prios[0]
+            q = self.kvgov_levels[k]
+            if q.num_free_blocks > n:
+                blocks: list[Any] = q.popleft_n(n)
+                self.num_free_blocks -= n
+                self.kvgov_in_levels -= n
+                top = prios[-1] if not base_n or prios[-1] > BASE else BASE
+                self.kvgov_pool.kvgov_evicted(blocks, PRIORITY if k < top else CAPACITY)
+                out.extend(blocks)
+                return out
         prios, top = self._kvgov_order(base_n)
         report = self.kvgov_pool.kvgov_evicted
         levels = self.kvgov_levels
         for k in list(prios):  # a copy: a priority goes when its list empties
             if k == BASE:
                 t = n if n < base_n else base_n
-                blocks: list[Any] = super().popleft_n(t)
+                blocks = FreeKVCacheBlockQueue.popleft_n(self, t)
                 hashed = fence.hashed_blocks(blocks)
             else:
                 q = levels[k]
@@ -568,60 +657,98 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         prios, top = self._kvgov_order(base_n)
         counts = self.kvgov_counts
         floor_of = self.kvgov_floors
-        live = self.kvgov_live
         for p in list(prios):  # a copy: a priority goes when its lists empty
             reason = (PRIORITY if p < top else CAPACITY) if floors else FLOOR_PRESSURE
-            lists: list[tuple[int, FreeKVCacheBlockQueue, int]] = []
-            if p == BASE and base_n:
-                lists.append((BASE, self, base_n))
-            for k, q in live.get(p, {}).items():
+            live = self.kvgov_live.get(p)
+            with_base = base_n if p == BASE else 0
+            if (len(live) if live else 0) + (1 if with_base else 0) > 1:
+                n = self._kvgov_merge_level(p, n, reason, batches, floors, with_base)
+            elif with_base:
+                t = n if n < base_n else base_n
+                _add(batches, reason, FreeKVCacheBlockQueue.popleft_n(self, t))
+                n -= t
+            elif live:
+                ((k, q),) = live.items()
                 limit = q.num_free_blocks
                 g = k // SPAN
                 if floors and g and counts[g] - floor_of[g] < limit:
                     limit = counts[g] - floor_of[g]
                 if limit > 0:
-                    lists.append((k, q, limit))
-            if len(lists) == 1:
-                k, q, limit = lists[0]
-                t = n if n < limit else limit
-                _add(batches, reason, self._kvgov_pop(k, q, t))
-                n -= t
-            elif lists:
-                n = self._kvgov_merge_level(n, lists, reason, batches)
+                    t = n if n < limit else limit
+                    _add(batches, reason, self._kvgov_pop(k, q, t))
+                    n -= t
             if not n:
                 break
         return n
 
     def _kvgov_merge_level(
         self,
+        p: int,
         n: int,
-        lists: list[tuple[int, FreeKVCacheBlockQueue, int]],
         reason: str,
         batches: list[tuple[str, list[Any]]],
+        floors: bool,
+        base_n: int,
     ) -> int:
-        """One priority's lists (several quota groups, each with how many blocks it may
-        give), merged by the time each block was freed, a run at a time: the list whose
-        head is oldest gives every block freed before the next list's head."""
+        """Priority ``p``'s lists (several quota groups; vLLM's own too when it holds
+        ``base_n`` blocks) merged by the time each block was freed, a run at a time: the
+        list whose head is oldest gives every block freed before the next list's head.
+        With ``floors`` a group gives only what is beyond its floor. The heap of the
+        lists' heads is the priority's own, kept between calls: no work per list that
+        gives nothing. Returns how many blocks are still wanted."""
         stamp = self.kvgov_stamp
         if stamp is None:
             raise InternalError("several lists at one priority without quotas")
-        heap: list[tuple[int, int, FreeKVCacheBlockQueue, int]] = [
-            (stamp[fence.first_free(q).block_id], k, q, limit) for k, q, limit in lists
-        ]
-        heapq.heapify(heap)
-        while n and heap:
-            _, k, q, limit = heapq.heappop(heap)
+        live = self.kvgov_live[p]
+        heads = self.kvgov_heads[p]
+        mark = self.kvgov_mark
+        counts = self.kvgov_counts
+        floor_of = self.kvgov_floors
+        held: list[tuple[int, int]] = []  # lists at their floor, out of the heap meanwhile
+        b_head = stamp[fence.first_free(self).block_id] if base_n else 0
+        while n:
+            top = self._kvgov_clean(p, heads)
+            if top is not None and floors:
+                g = top[1] // SPAN
+                if g and counts[g] - floor_of[g] <= 0:
+                    held.append(heapq.heappop(heads))
+                    continue
+            if base_n and (top is None or (b_head, BASE) < top):  # vLLM's list's turn
+                most = n if n < base_n else base_n
+                t = (
+                    most
+                    if top is None
+                    else fence.head_run(self, most, stamp, top[0], top[1] > BASE)
+                )
+                _add(batches, reason, FreeKVCacheBlockQueue.popleft_n(self, t))
+                n -= t
+                base_n -= t
+                if base_n:
+                    b_head = stamp[fence.first_free(self).block_id]
+                continue
+            if top is None:
+                break
+            heapq.heappop(heads)
+            k = top[1]
+            q = live[k]
+            g = k // SPAN
+            limit = q.num_free_blocks
+            if floors and g and counts[g] - floor_of[g] < limit:
+                limit = counts[g] - floor_of[g]
             most = n if n < limit else limit
-            if heap:
-                bound, k2, _, _ = heap[0]
-                t = fence.head_run(q, most, stamp, bound, k < k2)
-            else:
-                t = most
+            bound = self._kvgov_clean(p, heads)
+            if base_n and (bound is None or (b_head, BASE) < bound):
+                bound = (b_head, BASE)
+            t = most if bound is None else fence.head_run(q, most, stamp, bound[0], k < bound[1])
+            left = q.num_free_blocks - t
             _add(batches, reason, self._kvgov_pop(k, q, t))
             n -= t
-            limit -= t
-            if limit and n:
-                heapq.heappush(heap, (stamp[fence.first_free(q).block_id], k, q, limit))
+            if left:  # (a list emptied is gone, with its entry)
+                h = stamp[fence.first_free(q).block_id]
+                mark[k] = h
+                heapq.heappush(heads, (h, k))
+        for entry in held:
+            heapq.heappush(heads, entry)
         return n
 
 

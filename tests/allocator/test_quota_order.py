@@ -132,6 +132,7 @@ def test_quota_queue_chooses_what_sorting_would(quotas: str, seed: int) -> None:
             n = rng.randint(1, min(12, len(model.blocks)))
             g = rng.choice(GROUPS)
             assert queue.choose(n, g) == model.choose(n, g)
+        queue.check()
         assert len(queue) == len(model.blocks)
         assert list(queue) == model.order()
         for g in GROUPS:
