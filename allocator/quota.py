@@ -241,9 +241,20 @@ class QuotaQueue:
             live = self._live[priority] = {}
             insort(self._prios, priority)
         q = live.get(group)
-        first = stamps if isinstance(stamps, int) else stamps[0]
+        new = q is None
         if q is None:
             q = live[group] = OrderedDict()
+        if isinstance(stamps, int):
+            first = stamps
+            # a loop of stores beats OrderedDict.update (see EvictionQueue.extend)
+            for b in ids:
+                q[b] = stamps
+                stamps += 1
+        else:
+            first = stamps[0]
+            for b, st in zip(ids, stamps, strict=True):
+                q[b] = st
+        if new:  # the list's entry in its priority's heap
             heads = self._heads.get(priority)
             if heads is None:
                 heads = self._heads[priority] = []
@@ -251,14 +262,6 @@ class QuotaQueue:
             heapq.heappush(heads, (first, group))
             if len(heads) > 2 * len(live) + 16:  # mostly stale entries: rebuild
                 self._reheap(priority)
-        if isinstance(stamps, int):
-            # a loop of stores beats OrderedDict.update (see EvictionQueue.extend)
-            for b in ids:
-                q[b] = stamps
-                stamps += 1
-        else:
-            for b, st in zip(ids, stamps, strict=True):
-                q[b] = st
         n = len(ids)
         self._size += n
         c = self._count.get(group, 0) + n

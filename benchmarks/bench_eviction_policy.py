@@ -33,7 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from eviction_streams import Request, durable_streams
+from eviction_streams import (
+    BLOCK_TOKENS,
+    NOISY_BLOCKS,
+    NOISY_QUOTAS,
+    Request,
+    durable_streams,
+    noisy_stream,
+)
 
 from kvgov.allocator import BlockPool, KVSpec, Quota
 
@@ -82,18 +89,17 @@ def vllm_rows(quick: bool) -> list[dict[str, object]] | str:
 
 
 def noisy_neighbour(mode: str, steps: int) -> tuple[float, int]:
-    pool = BlockPool(SPEC, 512)
+    """B's hit rate and its blocks hit (prefill avoided) on kvgov's pool: ``no flood``,
+    ``lru`` (A floods, no quota) or ``quotas`` (A floods, NOISY_QUOTAS)."""
+    pool = BlockPool(SPEC, NOISY_BLOCKS)
     if mode == "quotas":
-        pool.set_quotas({"A": Quota(cap=192), "B": Quota(floor=256)})
+        pool.set_quotas({t: Quota(floor=f, cap=c) for t, (f, c) in NOISY_QUOTAS.items()})
     hits = total = 0
-    for i in range(steps):
-        w = i % 48  # B's working set: 48 prompts of 4 blocks (192 blocks)
-        h, n = request(pool, [f"B{w}-{j}".encode() for j in range(4)], "B", 50)
-        if i >= 48:
+    for req in noisy_stream(steps, flood=mode != "no flood"):
+        h, n = request(pool, req.hashes, req.tenant, req.priority)
+        if req.counted:
             hits += h
             total += n
-        if mode != "no flood":
-            request(pool, [f"A{i}-{j}".encode() for j in range(24)], "A", 50)
     return hits / total, hits
 
 
@@ -154,10 +160,31 @@ def main() -> None:
         print(line)
     if isinstance(vrows, str):
         print(f"  (vLLM pool: {vrows})")
-    print("noisy neighbour (B cycles 48 prompts, A floods 24-block prompts)")
-    for mode in ("no flood", "lru", "quotas"):
+    caps = ", ".join(
+        " ".join([t, *([f"floor {f}"] if f else []), *([f"cap {c}"] if c is not None else [])])
+        for t, (f, c) in NOISY_QUOTAS.items()
+    )
+    print(
+        f"noisy neighbour (B cycles 48 prompts of 4 blocks, A floods 24-block prompts;"
+        f" {NOISY_BLOCKS} blocks; quotas: {caps})"
+    )
+    print(f"  {'pool':7s} {'mode':22s} {'B hit rate':>10s}  prefill avoided (blocks, tokens)")
+    for mode, label in (
+        ("no flood", "no flood"),
+        ("lru", "A floods, LRU"),
+        ("quotas", "A floods, quotas"),
+    ):
         rate, avoided = noisy_neighbour(mode, steps)
-        print(f"  {mode:10s} B hit rate {rate:6.1%}  prefill blocks avoided {avoided}")
+        print(f"  {'kvgov':7s} {label:22s} {rate:10.1%}  {avoided:6d} {avoided * BLOCK_TOKENS:8d}")
+    if isinstance(vrows, list):
+        for r in vrows:
+            if r.get("section") == "noisy":
+                hits = int(r["hits"])  # type: ignore[call-overload]
+                rate = float(r["hit_rate"])  # type: ignore[arg-type]
+                tokens = hits * BLOCK_TOKENS
+                print(f"  {'vLLM':7s} {r['mode']!s:22s} {rate:10.1%}  {hits:6d} {tokens:8d}")
+    else:
+        print(f"  (vLLM pool: {vrows})")
     ops = 2000 if args.quick else 10000
     print("cost, kvgov's pool: µs per allocate(8)+key+free with eviction (best of 3)")
     base = best(lambda: cost("lru", ops), 3)

@@ -250,6 +250,7 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if not self.kvgov_quotas:
             return self._kvgov_by_priority(n, base_n, out)
         batches: list[tuple[str, list[Any]]] = []
+        in_base = base_n  # (level lists hold only hashed blocks, vLLM's may hold others)
         g = self.kvgov_allocating
         if g and self.kvgov_counts[g] >= self.kvgov_caps[g]:
             take = min(n, self.kvgov_counts[g])
@@ -263,8 +264,9 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         if n:
             raise InternalError(f"the governed free queue is short of {n} blocks")
         report = self.kvgov_pool.kvgov_evicted
+        from_base = in_base != self.num_free_blocks - self.kvgov_in_levels
         for reason, blocks in batches:
-            hashed = fence.hashed_blocks(blocks)
+            hashed = fence.hashed_blocks(blocks) if from_base else blocks
             if hashed:
                 report(hashed, reason)
             out.extend(blocks)
@@ -499,24 +501,10 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
         q = self.kvgov_levels.get(k)
         if q is None:
             q = self.kvgov_levels[k] = FreeKVCacheBlockQueue([])
-        if not q.num_free_blocks:  # the list starts holding blocks: file it
-            p = k % SPAN
-            live = self.kvgov_live.get(p)
-            if live is None:
-                live = self.kvgov_live[p] = {}
-                insort(self.kvgov_prios, p)
-            live[k] = q
-            stamp = self.kvgov_stamp
-            if stamp is not None:  # quotas: its entry in the priority's heap
-                heads = self.kvgov_heads.get(p)
-                if heads is None:
-                    heads = self.kvgov_heads[p] = []
-                h = stamp[blocks[0].block_id]
-                self.kvgov_mark[k] = h
-                heapq.heappush(heads, (h, k))
-                if len(heads) > 2 * len(live) + 16:  # mostly stale entries: rebuild
-                    self._kvgov_reheap(p)
+        filed = q.num_free_blocks > 0
         q.append_n(blocks)
+        if not filed:
+            self._kvgov_file(k, q, blocks[0])
         n = len(blocks)
         self.num_free_blocks += n
         self.kvgov_in_levels += n
@@ -526,6 +514,26 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             self.kvgov_counts[g] = c
             if c > self.kvgov_caps[g]:
                 self.kvgov_over = True
+
+    def _kvgov_file(self, k: int, q: FreeKVCacheBlockQueue, head: Any) -> None:
+        """The list ``q`` of key ``k`` just started holding blocks (``head`` first): file
+        it at its priority, and under quotas give it its entry in the priority's heap."""
+        p = k % SPAN
+        live = self.kvgov_live.get(p)
+        if live is None:
+            live = self.kvgov_live[p] = {}
+            insort(self.kvgov_prios, p)
+        live[k] = q
+        stamp = self.kvgov_stamp
+        if stamp is not None:
+            heads = self.kvgov_heads.get(p)
+            if heads is None:
+                heads = self.kvgov_heads[p] = []
+            h = stamp[head.block_id]
+            self.kvgov_mark[k] = h
+            heapq.heappush(heads, (h, k))
+            if len(heads) > 2 * len(live) + 16:  # mostly stale entries: rebuild
+                self._kvgov_reheap(p)
 
     def _kvgov_gone(self, k: int) -> None:
         """The list of key ``k`` holds no block now: unfile it."""

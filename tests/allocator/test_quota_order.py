@@ -141,3 +141,30 @@ def test_quota_queue_chooses_what_sorting_would(quotas: str, seed: int) -> None:
         rng.shuffle(free)
     rest = queue.pop(len(queue))
     assert rest == model.order()
+
+
+def test_a_list_that_empties_and_refills_again_and_again_keeps_one_current_heap_entry() -> None:
+    """A group's list that a hit empties and a free fills, over and over (no allocation
+    in between to clean the heap), leaves stale heap entries; the heap is rebuilt from
+    the lists' heads before they outnumber them, and the order stays sorting's."""
+    group = [0] * N
+    prio = bytearray([10]) * N
+    quotas = {1: Quota(floor=2), 2: Quota(cap=40)}
+    queue = QuotaQueue(group, N, quotas)
+    model = Model(quotas)
+    for b in range(8):  # group 2 holds blocks at the same priority throughout
+        group[b] = 2
+    queue.extend(list(range(8)), prio)
+    model.extend(list(range(8)), group, prio)
+    for i in range(200):
+        b = 8 + i % 4
+        group[b] = 1
+        queue.extend([b], prio)
+        model.extend([b], group, prio)
+        queue.remove(b, prio[b])  # a hit: group 1's list is empty again
+        model.remove(b)
+        queue.check()
+    queue.extend([20, 21, 22], prio)
+    model.extend([20, 21, 22], group, prio)
+    assert queue.choose(9, 0) == model.choose(9, 0)
+    queue.check()
