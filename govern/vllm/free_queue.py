@@ -624,11 +624,14 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             # block); as a rule it holds the n wanted (a flood under durable blocks).
             k = prios[0]
             q = self.kvgov_levels[k]
-            if q.num_free_blocks > n:
+            size = q.num_free_blocks
+            if size >= n:
+                top = prios[-1] if not base_n or prios[-1] > BASE else BASE
                 blocks: list[Any] = q.popleft_n(n)
+                if size == n:
+                    self._kvgov_gone(k)
                 self.num_free_blocks -= n
                 self.kvgov_in_levels -= n
-                top = prios[-1] if not base_n or prios[-1] > BASE else BASE
                 self.kvgov_pool.kvgov_evicted(blocks, PRIORITY if k < top else CAPACITY)
                 out.extend(blocks)
                 return out
