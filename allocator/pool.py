@@ -133,7 +133,9 @@ class BlockPool:
       off the top in one C-level operation.
     * CACHED blocks: an :class:`~kvgov.allocator.eviction.EvictionQueue` (one
       ``OrderedDict`` per priority level: O(1) append, pop-LRU and removal from
-      the middle on a prefix hit).
+      the middle on a prefix hit); with quotas set, a
+      :class:`~kvgov.allocator.quota.QuotaQueue` (one per group and priority, their
+      heads in a heap per priority).
     * Key index: a ``dict`` from key to block id.
     * Per-block metadata: parallel arrays (:class:`~kvgov.allocator.metadata.BlockTable`).
 

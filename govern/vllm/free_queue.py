@@ -36,12 +36,16 @@ each block's key, and stamps it under quotas; then vLLM's append); a hit removes
 block from its list in O(1); an allocation walks up the priorities that hold free
 cached blocks (a sorted list kept as lists fill and empty, so the top priority, for
 the reasons, is its last), taking from the one list there is at each without
-quotas. With quotas, several groups' lists at one priority are merged in a heap by
-the time each block was freed (a per-block stamp), a *run* at a time: the list with
-the oldest head gives every block freed before the next list's head in one take
-(a request's blocks are freed together, so a run is usually a whole request):
-O(r log L + n) for n blocks in r runs from L lists, never a scan of the cache, and
-nothing per group that holds no block at the priorities taken from.
+quotas. With quotas, several groups' lists at one priority are merged by the time
+each block was freed (a per-block stamp), a *run* at a time: the list with the
+oldest head gives every block freed before the next list's head in one take (a
+request's blocks are freed together, so a run is usually a whole request). The
+lists' heads wait in a heap per priority kept from one allocation to the next: a
+list's entry is pushed when it starts holding blocks and brought up to date only
+when it reaches the top (a hit or a partial take leaves it behind its head; one
+that emptied is dropped there), and the heap is rebuilt from the heads before its
+stale entries outnumber them. O(r log L + n) for n blocks in r runs from L lists,
+never a scan of the cache, and nothing for a list that gives nothing.
 A tenant that goes over its cap (blocks freed, a lower cap) loses its excess at once
 (:meth:`kvgov_trim`, reason ``cap``). Priorities whose duration passed decay to the
 default before victims are chosen (a heap of deadlines, :class:`~kvgov.allocator.priority.Decay`).
