@@ -185,10 +185,28 @@ class EvictionQueue:
         levels = self._levels
         if len(levels) <= 1:
             return [(CAPACITY, self.pop(n))] if n else []
+        if n > self._size:
+            raise ValueError(f"cannot pop {n} blocks from a queue of {self._size}")
         top = max(levels)
-        below = sum(len(q) for p, q in levels.items() if p < top)
-        if n <= below:
-            return [(PRIORITY, self.pop(n))] if n else []
-        out = [(PRIORITY, self.pop(below))] if below else []
-        out.append((CAPACITY, self.pop(n - below)))
+        # Below the top, level by level (one, as a rule: the lowest holds enough); no
+        # count of what is below the top first, which would visit every level.
+        low: list[int] = []
+        while len(low) < n:
+            priority = min(levels)
+            if priority == top:
+                break
+            q = levels[priority]
+            take = n - len(low)
+            if take >= len(q):
+                low.extend(q)
+                del levels[priority]
+            else:
+                head = list(islice(q, take))
+                for b in head:
+                    del q[b]
+                low.extend(head)
+        self._size -= len(low)
+        out = [(PRIORITY, low)] if low else []
+        if len(low) < n:
+            out.append((CAPACITY, self.pop(n - len(low))))
         return out

@@ -133,7 +133,9 @@ class BlockPool:
       off the top in one C-level operation.
     * CACHED blocks: an :class:`~kvgov.allocator.eviction.EvictionQueue` (one
       ``OrderedDict`` per priority level: O(1) append, pop-LRU and removal from
-      the middle on a prefix hit).
+      the middle on a prefix hit); with quotas set, a
+      :class:`~kvgov.allocator.quota.QuotaQueue` (one per group and priority, their
+      heads in a heap per priority).
     * Key index: a ``dict`` from key to block id.
     * Per-block metadata: parallel arrays (:class:`~kvgov.allocator.metadata.BlockTable`).
 
@@ -823,8 +825,8 @@ class BlockPool:
     def _enforce_caps(self, blocks: list[int]) -> None:
         """Evict, for each group of ``blocks`` over its cap, its excess (reason ``"cap"``)."""
         queue = self._queue
-        if not isinstance(queue, QuotaQueue):
-            return
+        if not isinstance(queue, QuotaQueue) or not queue.went_over():
+            return  # no group went over its cap (the rule): nothing to look at per block
         group = self._meta.group
         for gid in dict.fromkeys(group[b] for b in blocks):
             excess = queue.excess(gid)
@@ -1163,6 +1165,8 @@ class BlockPool:
             for b in free:
                 if count[b] != FREE_CODE:
                     raise broken(f"block {b} is on the free stack but {_state_name(count[b])}")
+            if isinstance(self._queue, QuotaQueue):
+                self._queue.check()
             if len(self._queue) != n_cached:
                 raise broken(f"eviction queue holds {len(self._queue)} for {n_cached} CACHED")
             queued: set[int] = set()

@@ -10,14 +10,18 @@ Scenarios (on the pools directly, no model, so a run takes a minute or two):
   binding's queue: :mod:`kvgov.govern.vllm.free_queue`). The vLLM rows come from
   ``eviction_vllm.py``, run in ``.bench/vllm-venv`` (``make test-vllm`` builds it);
   without that venv they are left out, and the run says so.
-* noisy neighbour: tenant B cycles a working set while tenant A floods; B's hit
-  rate and its prefill blocks avoided without the flood, with it under plain LRU,
-  and with it under quotas (A capped, B given a floor).
-* cost: microseconds per allocate-with-eviction, plain LRU vs priority levels vs
-  quotas (per-tenant queues merged in a heap); on vLLM's pool, CPU time per request
-  of 8 blocks (get_new_blocks evicting 8, cache_full_blocks, free_blocks) stock,
-  governed with the default policy, with priorities and with quotas, in interleaved
-  rounds, as medians of the per-round ratios.
+* noisy neighbour (``eviction_streams.noisy_stream``): tenant B cycles a working
+  set while tenant A floods; B's hit rate and its prefill avoided (blocks, tokens)
+  without the flood, with it under plain LRU, and with it under quotas (A capped, B
+  given a floor), on kvgov's pool and on vLLM's (stock, governed with the default
+  policy, governed with the quotas).
+* cost: CPU time per request of 8 blocks on a full pool (an allocation evicting 8,
+  keying and freeing them): on kvgov's pool plain LRU, priority levels and quotas
+  (allocate, set_keys, free); on vLLM's pool (get_new_blocks, cache_full_blocks,
+  free_blocks) stock, governed with the default policy, with priorities and with
+  quotas; each pool's modes in interleaved rounds, as medians of the per-round
+  ratios. (The per-operation figures with a target are bench_vs_vllm.py's policy
+  rows.)
 
 Run: ``python benchmarks/bench_eviction_policy.py [--quick]``.
 """
@@ -33,7 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from eviction_streams import Request, durable_streams
+from eviction_streams import (
+    BLOCK_TOKENS,
+    NOISY_BLOCKS,
+    NOISY_QUOTAS,
+    Request,
+    durable_streams,
+    noisy_stream,
+)
 
 from kvgov.allocator import BlockPool, KVSpec, Quota
 
@@ -82,22 +93,27 @@ def vllm_rows(quick: bool) -> list[dict[str, object]] | str:
 
 
 def noisy_neighbour(mode: str, steps: int) -> tuple[float, int]:
-    pool = BlockPool(SPEC, 512)
+    """B's hit rate and its blocks hit (prefill avoided) on kvgov's pool: ``no flood``,
+    ``lru`` (A floods, no quota) or ``quotas`` (A floods, NOISY_QUOTAS)."""
+    pool = BlockPool(SPEC, NOISY_BLOCKS)
     if mode == "quotas":
-        pool.set_quotas({"A": Quota(cap=192), "B": Quota(floor=256)})
+        pool.set_quotas({t: Quota(floor=f, cap=c) for t, (f, c) in NOISY_QUOTAS.items()})
     hits = total = 0
-    for i in range(steps):
-        w = i % 48  # B's working set: 48 prompts of 4 blocks (192 blocks)
-        h, n = request(pool, [f"B{w}-{j}".encode() for j in range(4)], "B", 50)
-        if i >= 48:
+    for req in noisy_stream(steps, flood=mode != "no flood"):
+        h, n = request(pool, req.hashes, req.tenant, req.priority)
+        if req.counted:
             hits += h
             total += n
-        if mode != "no flood":
-            request(pool, [f"A{i}-{j}".encode() for j in range(24)], "A", 50)
     return hits / total, hits
 
 
-def cost(mode: str, ops: int) -> float:
+COST_MODES = ("lru", "priority", "quotas")
+
+
+def cost_step(mode: str) -> Callable[[], None]:
+    """One request of 8 new blocks on a full pool of 4,096 (each evicts 8), keyed and
+    freed, as a call: ``lru`` (every priority 50), ``priority`` (10, 50 and 90 in turn)
+    or ``quotas`` (the same, 8 tenants in turn with floors of 64 and caps of 2,048)."""
     pool = BlockPool(SPEC, 4096)
     if mode == "quotas":
         pool.set_quotas({f"t{t}": Quota(floor=64, cap=2048) for t in range(8)})
@@ -115,14 +131,25 @@ def cost(mode: str, ops: int) -> float:
 
     for _ in range(4096 // 8 + 64):  # fill, so every later allocate evicts
         one()
-    start = time.perf_counter()
-    for _ in range(ops):
-        one()
-    return (time.perf_counter() - start) / ops * 1e6
+    return one
 
 
-def best(f: Callable[[], float], repeat: int) -> float:
-    return min(f() for _ in range(repeat))
+def cost(ops: int, rounds: int) -> dict[str, list[float]]:
+    """CPU µs per request (cost_step) per mode, in interleaved rounds (a slow spell
+    slows every mode of its round), as vLLM's pool's rows are measured
+    (eviction_vllm.cost): CPU time of this process, so other processes' load does not
+    count."""
+    steps = {m: cost_step(m) for m in COST_MODES}
+    per = ops // rounds
+    out: dict[str, list[float]] = {m: [] for m in COST_MODES}
+    for r in range(rounds):
+        for m in COST_MODES if r % 2 == 0 else COST_MODES[::-1]:
+            one = steps[m]
+            start = time.process_time()
+            for _ in range(per):
+                one()
+            out[m].append((time.process_time() - start) / per * 1e6)
+    return out
 
 
 def main() -> None:
@@ -154,16 +181,40 @@ def main() -> None:
         print(line)
     if isinstance(vrows, str):
         print(f"  (vLLM pool: {vrows})")
-    print("noisy neighbour (B cycles 48 prompts, A floods 24-block prompts)")
-    for mode in ("no flood", "lru", "quotas"):
+    caps = ", ".join(
+        " ".join([t, *([f"floor {f}"] if f else []), *([f"cap {c}"] if c is not None else [])])
+        for t, (f, c) in NOISY_QUOTAS.items()
+    )
+    print(
+        f"noisy neighbour (B cycles 48 prompts of 4 blocks, A floods 24-block prompts;"
+        f" {NOISY_BLOCKS} blocks; quotas: {caps})"
+    )
+    print(f"  {'pool':7s} {'mode':22s} {'B hit rate':>10s}  prefill avoided (blocks, tokens)")
+    for mode, label in (
+        ("no flood", "no flood"),
+        ("lru", "A floods, LRU"),
+        ("quotas", "A floods, quotas"),
+    ):
         rate, avoided = noisy_neighbour(mode, steps)
-        print(f"  {mode:10s} B hit rate {rate:6.1%}  prefill blocks avoided {avoided}")
-    ops = 2000 if args.quick else 10000
-    print("cost, kvgov's pool: µs per allocate(8)+key+free with eviction (best of 3)")
-    base = best(lambda: cost("lru", ops), 3)
-    for mode in ("lru", "priority", "quotas"):
-        us = base if mode == "lru" else best(lambda m=mode: cost(m, ops), 3)  # type: ignore[misc]
-        print(f"  {mode:10s} {us:7.1f} µs  {us / base:5.2f}x")
+        print(f"  {'kvgov':7s} {label:22s} {rate:10.1%}  {avoided:6d} {avoided * BLOCK_TOKENS:8d}")
+    if isinstance(vrows, list):
+        for r in vrows:
+            if r.get("section") == "noisy":
+                hits = int(r["hits"])  # type: ignore[call-overload]
+                rate = float(r["hit_rate"])  # type: ignore[arg-type]
+                tokens = hits * BLOCK_TOKENS
+                print(f"  {'vLLM':7s} {r['mode']!s:22s} {rate:10.1%}  {hits:6d} {tokens:8d}")
+    else:
+        print(f"  (vLLM pool: {vrows})")
+    rounds = 10 if args.quick else 30
+    native = cost(200 * rounds, rounds)
+    print(
+        "cost, kvgov's pool: CPU µs per request of 8 blocks (allocate evicting 8, set_keys, free);"
+    )
+    print("  medians of per-round ratios (interleaved rounds)")
+    for mode in COST_MODES:
+        ratio = statistics.median(a / b for a, b in zip(native[mode], native["lru"], strict=True))
+        print(f"  {mode:13s} {statistics.median(native[mode]):7.1f} µs  {ratio:5.2f}x lru")
     if isinstance(vrows, list):
         (times,) = [r["times"] for r in vrows if r.get("section") == "cost"]
         t: dict[str, list[float]] = times  # type: ignore[assignment]

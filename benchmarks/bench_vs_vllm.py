@@ -1,7 +1,7 @@
 """Governance for free: kvgov against vLLM's ungoverned block pool, side by side in one run.
 
 Run: .venv/bin/python benchmarks/bench_vs_vllm.py [--quick] [--rounds N] [--cpu N]
-     [--profile WORKLOAD]
+     [--profile WORKLOAD] [--policy-only]
      (or ``make bench-vllm``)
 
 vLLM is a baseline here, never a dependency of kvgov. The first run builds an
@@ -54,6 +54,30 @@ more for its null block; 16-token blocks; 4,096-token prompts = 256 blocks)::
                   (n - 1) // 16 blocks may hit (vLLM's max_cache_hit_length = n - 1).
                   Hit rates must be equal.
 
+Eviction as policy (#31): the evict and alloc_free workloads again, each pool under
+three policies, its modes taking turns within one call (``vs_vllm_common.policy_chunks``)::
+
+  lru       every block at the default priority, no quota (the default policy)
+  priority  each allocation's blocks at 10, 50 or 90 in turn
+  quotas    the same priorities, and 8 tenants taking turns, each with a floor of 1/64
+            of the pool and a cap of 1/4 (neither binds: every allocation takes the
+            general path, victims beyond floors merged across tenants)
+
+  evict       allocate 16 from a full pool, each evicting 16 (as evict above; kvgov
+              allocates with the tenant as its group, as the governor does)
+  refill      keying/caching and freeing those 16 (untimed in evict above): where a
+              block is filed by its priority and tenant
+  alloc_free  allocate 16 + free on a pool half full of cached blocks (nothing evicted)
+
+  kvgov's pool: BlockPool with set_quotas, set_keys(priority=, group=).
+  vLLM's pool: stock, and governed (kvgov.govern.vllm.pool.GovernedBlockPool with the
+  binding's keyed hook and allocating() around get_new_blocks; the owner table and
+  the governor's drain of the pool's reports are untimed).
+
+Ratios: per call, each mode's cost / the same pool's lru (vLLM's also / stock), the
+median over calls. Target: priority / lru <= 1.05 in the evict and alloc_free rows, in
+both pools (#31); quotas and refill are printed without one.
+
 kvgov's pool is the replay layout (``kvgov.govern.replay.replay_spec``, 512 bytes a
 block): the bookkeeping is measured, not memory traffic; kvgov zeroizes every
 block it frees unkeyed or evicts (one clear per run of ids), vLLM does not.
@@ -85,6 +109,7 @@ from paired import ratio_stats  # benchmarks/paired.py, beside this script
 from vs_vllm_common import (
     DEFAULT_VENV,
     NUM_BLOCKS,
+    POLICY_MODES,
     REPLAY_REQUESTS,
     REPO,
     TRACE,
@@ -92,7 +117,9 @@ from vs_vllm_common import (
 from vs_vllm_kvgov import KvgovSide
 from vs_vllm_venv import VllmWorker, ensure_vllm
 
-WORKLOADS = ("alloc_free", "prefix", "evict", "governed_miss", "governed_hit")
+#: the policy rows' workloads (eviction as policy, #31); --policy-only runs only these
+POLICY_WORKLOADS = ("evict_policy", "alloc_policy")
+WORKLOADS = ("alloc_free", "prefix", "evict", "governed_miss", "governed_hit", *POLICY_WORKLOADS)
 #: (iterations of one side's half of a pair, pairs per round) for each workload, full
 #: run and --quick. A governed half ends with an audit flush (the commit of the
 #: background writer's work, a WAL fsync), so it serves enough requests to last about
@@ -105,6 +132,8 @@ ITERS: dict[str, dict[str, tuple[int, int]]] = {
         "evict": (500, 8),
         "governed_miss": (40, 4),
         "governed_hit": (40, 4),
+        "evict_policy": (240, 4),
+        "alloc_policy": (600, 4),
     },
     "quick": {
         "alloc_free": (1_000, 3),
@@ -112,6 +141,8 @@ ITERS: dict[str, dict[str, tuple[int, int]]] = {
         "evict": (250, 3),
         "governed_miss": (20, 2),
         "governed_hit": (20, 2),
+        "evict_policy": (120, 2),
+        "alloc_policy": (240, 2),
     },
 }
 #: (name, kvgov/vLLM ratio must be <= this)
@@ -217,6 +248,95 @@ def summarize(figures: dict[str, list[tuple[float, float]]]) -> list[Row]:
     return rows
 
 
+#: the policy rows: (figure, workload)
+POLICY_FIGURES = (
+    ("evict", "evict_policy"),
+    ("alloc_free", "alloc_policy"),
+    ("refill", "evict_policy"),
+)
+#: (figure, mode) -> the ratio to the same pool's lru must be <= this, in both pools
+POLICY_TARGETS = {("evict", "priority"): 1.05, ("alloc_free", "priority"): 1.05}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRow:
+    """One policy figure of one pool: each mode's median cost and its paired ratios."""
+
+    pool: str  # "kvgov" or "vllm"
+    figure: str
+    cost: dict[str, float]  # mode -> median us per block over the calls
+    ratio: dict[str, tuple[float, float, float]]  # "mode/base" -> (median, p25, p75)
+
+
+def policy_rows(samples: dict[str, list[Pair]]) -> list[PolicyRow]:
+    """The policy table: per pool and figure, each mode's cost, and per call the ratio of
+    each mode to the same pool's lru (vLLM's lru also to stock), summarized."""
+    rows: list[PolicyRow] = []
+    for pool, modes in (("kvgov", POLICY_MODES), ("vllm", ("stock", *POLICY_MODES))):
+        for figure, workload in POLICY_FIGURES:
+            calls = [p[pool] for p in samples.get(workload, [])]
+            if not calls:
+                continue
+            cost = {m: statistics.median(float(c[f"{figure}_{m}"]) for c in calls) for m in modes}
+            ratio: dict[str, tuple[float, float, float]] = {}
+            bases = [("lru", m) for m in modes if m not in ("lru", "stock")]
+            if pool == "vllm":
+                bases += [("stock", m) for m in modes if m != "stock"]
+            for base, m in bases:
+                st = ratio_stats(
+                    (float(c[f"{figure}_{base}"]), float(c[f"{figure}_{m}"])) for c in calls
+                )
+                ratio[f"{m}/{base}"] = (st.median, st.p25, st.p75)
+            rows.append(PolicyRow(pool, figure, cost, ratio))
+    return rows
+
+
+def print_policy(rows: list[PolicyRow]) -> tuple[int, int]:
+    """Print the policy table and its RESULT lines; return (targets met, targets)."""
+    print()
+    print("eviction as policy (#31): us per block, each pool's modes side by side in one call;")
+    print("ratios: median (p25-p75) over calls of mode / the same pool's lru")
+    head = (
+        f"{'pool':<6} {'figure':<11} {'stock':>7} {'lru':>7} {'priority':>8} {'quotas':>7}"
+        f"  {'priority/lru':>18}  {'quotas/lru':>18}  target"
+    )
+    print(head)
+    print("-" * (len(head) + 12))
+    met = total = 0
+    for row in rows:
+        stock = f"{row.cost['stock']:7.3f}" if "stock" in row.cost else f"{'-':>7}"
+        cells = []
+        for m in ("priority", "quotas"):
+            med, p25, p75 = row.ratio[f"{m}/lru"]
+            cells.append(f"{med:5.2f} ({p25:.2f}-{p75:.2f})")
+        target = POLICY_TARGETS.get((row.figure, "priority"))
+        verdict = ""
+        if target is not None:
+            total += 1
+            ok = row.ratio["priority/lru"][0] <= target
+            met += ok
+            verdict = f"<= {target:.2f} {'met' if ok else 'MISSED'}"
+        print(
+            f"{row.pool:<6} {row.figure:<11} {stock} {row.cost['lru']:7.3f}"
+            f" {row.cost['priority']:8.3f} {row.cost['quotas']:7.3f}"
+            f"  {cells[0]:>18}  {cells[1]:>18}  {verdict}"
+        )
+    for row in rows:
+        if row.pool == "vllm":
+            over = ", ".join(f"{m} {row.ratio[f'{m}/stock'][0]:.2f}x" for m in POLICY_MODES)
+            print(f"(vLLM {row.figure}, governed / stock: {over})")
+    print(f"policy targets met: {met}/{total}")
+    for row in rows:
+        for m, c in row.cost.items():
+            print(f"RESULT policy_{row.pool}_{row.figure}_{m}_us_per_block={c:.3f}")
+        for name, (med, _, _) in row.ratio.items():
+            label = name.replace("/", "_vs_")
+            print(f"RESULT policy_{row.pool}_{row.figure}_{label}_ratio={med:.3f}")
+    print(f"RESULT policy_targets_met={met}")
+    print(f"RESULT policy_targets_total={total}")
+    return met, total
+
+
 def _pin(cpu: int | None) -> int | None:
     """Put this process (and the vLLM worker it starts) on one CPU; return it, or None.
 
@@ -267,9 +387,10 @@ def run(args: argparse.Namespace) -> int:
             "vllm": lambda w, n: worker.call(w, n),
             "kvgov": lambda w, n: getattr(kv, w)(n),
         }
+        workloads = POLICY_WORKLOADS if args.policy_only else WORKLOADS
         pair = 0
         for r in range(rounds):
-            for w in WORKLOADS:
+            for w in workloads:
                 n, pairs_per_round = iters[w]
                 for _ in range(pairs_per_round):
                     # one pair: both sides back to back, alternating which goes first
@@ -277,6 +398,11 @@ def run(args: argparse.Namespace) -> int:
                     pair += 1
                     samples[w].append({side: sides[side](w, n) for side in order})
             print(f"  round {r + 1}/{rounds} done ({time.perf_counter() - started:.0f} s)")
+        if args.policy_only:
+            met, total = print_policy(policy_rows(samples))
+            print(f"wall {time.perf_counter() - started:.0f} s")
+            print("RESULT vllm_available=1")
+            return 0
 
         requests = load_trace(args.trace, limit)
         token_file = workdir / "replay-tokens.u32"
@@ -347,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
         f"{hk['hit_tokens']:,})"
     )
     print(f"targets met: {met}/{total}; wall {time.perf_counter() - started:.0f} s")
+    print_policy(policy_rows(samples))
     print()
     print("RESULT vllm_available=1")
     for row in rows:
@@ -419,6 +546,12 @@ def main() -> None:
         "--profile",
         choices=[*WORKLOADS, "replay"],
         help="profile kvgov's side of one workload (pyinstrument) instead",
+    )
+    parser.add_argument(
+        "--policy-only",
+        action="store_true",
+        help="run only the policy workloads (evict and alloc_free under lru, priority and "
+        "quotas, both pools) and print only their table",
     )
     parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -12,6 +12,11 @@ same streams in its own venv.
   Mooncake conversation trace (``data/mooncake``, one block per hash id, its
   prefix sharing kept) at priority 10, three trace requests per system prompt;
   512 blocks.
+
+And the noisy neighbour (:func:`noisy_stream`): tenant B cycles a working set of 48
+prompts of 4 blocks (192 blocks) while tenant A floods a distinct 24-block prompt
+after each of B's; 512 blocks; the quotas :data:`NOISY_QUOTAS` cap A at 192 blocks
+and give B a floor of 256.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HIGH", "LOW", "Request", "durable_streams"]
+__all__ = [
+    "HIGH",
+    "LOW",
+    "NOISY_BLOCKS",
+    "NOISY_QUOTAS",
+    "Request",
+    "durable_streams",
+    "noisy_stream",
+]
 
 TRACE = (
     Path(__file__).resolve().parents[1] / "data" / "mooncake" / "mooncake_conversation_trace.jsonl"
@@ -71,3 +84,24 @@ def durable_streams(quick: bool) -> dict[str, tuple[list[Request], int]]:
         "synthetic": (synthetic(200 if quick else 1000), 512),
         "mooncake": (mooncake(600 if quick else 3000), 512),
     }
+
+
+#: the noisy neighbour's pool, in blocks
+NOISY_BLOCKS = 512
+#: its quotas, tenant -> (floor, cap) in blocks (None: no cap)
+NOISY_QUOTAS: dict[str, tuple[int, int | None]] = {"A": (0, 192), "B": (256, None)}
+#: tokens a block holds (prefill avoided = blocks hit x this)
+BLOCK_TOKENS = 16
+
+
+def noisy_stream(steps: int, flood: bool) -> list[Request]:
+    """B's ``steps`` requests (its working set: 48 prompts of 4 blocks, in turn), each
+    followed by one of A's distinct 24-block prompts when ``flood``; B's requests after
+    its first pass over the working set are counted."""
+    out: list[Request] = []
+    for i in range(steps):
+        w = i % 48
+        out.append(Request("B", 50, [f"B{w}-{j}".encode() for j in range(4)], i >= 48))
+        if flood:
+            out.append(Request("A", 50, [f"A{i}-{j}".encode() for j in range(24)], False))
+    return out

@@ -23,7 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's kvgov, not an installed one
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from eviction_streams import Request, durable_streams  # noqa: E402
+from eviction_streams import (  # noqa: E402
+    NOISY_BLOCKS,
+    NOISY_QUOTAS,
+    Request,
+    durable_streams,
+    noisy_stream,
+)
 from vllm.v1.core.block_pool import BlockPool  # noqa: E402
 from vllm.v1.core.kv_cache_utils import BlockHash  # noqa: E402
 
@@ -115,6 +121,31 @@ def hit_rate(mode: str, stream: list[Request], num_blocks: int, prio: bool) -> f
     return hits / total if total else 0.0
 
 
+#: the noisy neighbour on vLLM's pool: (label, driver mode, A floods, quotas)
+NOISY_MODES = (
+    ("no flood (stock)", "vllm stock", False, False),
+    ("A floods, stock", "vllm stock", True, False),
+    ("A floods, governed LRU", "kvgov", True, False),
+    ("A floods, quotas", "kvgov", True, True),
+)
+
+
+def noisy_neighbour(steps: int) -> list[dict[str, object]]:
+    """B's hit rate and blocks hit on vLLM's pool, stock and governed (NOISY_QUOTAS)."""
+    rows: list[dict[str, object]] = []
+    for label, mode, flood, quotas in NOISY_MODES:
+        q = {t: Quota(floor=f, cap=c) for t, (f, c) in NOISY_QUOTAS.items()} if quotas else None
+        d = Driver(mode, NOISY_BLOCKS, q)
+        hits = total = 0
+        for req in noisy_stream(steps, flood):
+            h = d.run(req)
+            if req.counted:
+                hits += h
+                total += len(req.hashes)
+        rows.append({"section": "noisy", "mode": label, "hit_rate": hits / total, "hits": hits})
+    return rows
+
+
 COST_MODES = ("stock", "lru", "priority", "quotas")
 
 
@@ -169,6 +200,8 @@ def main() -> None:
             rate = hit_rate(mode if mode != "kvgov lru" else "kvgov", stream, blocks, prio)
             row = {"section": "durable", "stream": name, "mode": mode, "hit_rate": rate}
             print(json.dumps(row), flush=True)
+    for row in noisy_neighbour(200 if args.quick else 1000):
+        print(json.dumps(row), flush=True)
     rounds = 10 if args.quick else 30
     times = cost(200 * rounds, rounds)
     print(json.dumps({"section": "cost", "times": times}), flush=True)

@@ -12,11 +12,29 @@ from vs_vllm_common import (
     ALLOC_N,
     BLOCK,
     NUM_BLOCKS,
+    POLICY_CAP,
+    POLICY_FLOOR,
+    POLICY_MODES,
+    POLICY_TENANTS,
     PROMPT,
     PROMPT_BLOCKS,
     fresh_tokens,
+    policy_chunks,
+    policy_request,
+    steady_sum,
     unique_keys,
 )
+
+
+class _PolicyPool:
+    """One pool of the policy workloads: the pool, its next allocation and next key."""
+
+    __slots__ = ("key", "pool", "serial")
+
+    def __init__(self, pool: Any, serial: int, key: int) -> None:
+        self.pool = pool
+        self.serial = serial
+        self.key = key
 
 
 class KvgovSide:
@@ -41,6 +59,7 @@ class KvgovSide:
         self._gcache: Any = None
         self._epool: Any = None
         self._ekeys = 0
+        self._policy: dict[str, dict[str, _PolicyPool]] = {}
 
     def _next(self) -> int:
         self._serial += 1
@@ -143,6 +162,107 @@ class KvgovSide:
             raise RuntimeError("kvgov evict: the pool is not full of cached blocks")
         return {"evict": seconds / (iters * ALLOC_N) * 1e6}
 
+    # ------------------------------------------------------------------ eviction as policy
+
+    def _policy_pools(self, kind: str) -> dict[str, _PolicyPool]:
+        """The pools of a policy workload, one per mode, built on first use: full of
+        cached blocks (``evict``) or half full (``alloc``), each allocation's blocks at
+        its mode's priority and tenant (vs_vllm_common.policy_request)."""
+        pools = self._policy.get(kind)
+        if pools is None:
+            pools = self._policy[kind] = {m: self._policy_pool(m, kind) for m in POLICY_MODES}
+        return pools
+
+    def _policy_pool(self, mode: str, kind: str) -> _PolicyPool:
+        from kvgov.allocator import Quota
+
+        pool = self._pool()
+        if mode == "quotas":
+            quota = Quota(floor=POLICY_FLOOR, cap=POLICY_CAP)
+            pool.set_quotas({f"t{t}": quota for t in range(POLICY_TENANTS)})
+        n = NUM_BLOCKS if kind == "evict" else NUM_BLOCKS // 2
+        # fill it, then (evict) turn it over once more, so that every mode is measured in
+        # its steady state (which blocks are cached, how scattered the evicted ones are)
+        steps = n // ALLOC_N * (2 if kind == "evict" else 1)
+        keys = unique_keys(0, steps * ALLOC_N)
+        for s in range(steps):
+            tenant, priority = policy_request(s, mode)
+            ids = pool.allocate(ALLOC_N, group=tenant)
+            pool.set_keys(
+                ids, keys[s * ALLOC_N : (s + 1) * ALLOC_N], priority=priority, group=tenant
+            )
+            pool.free(ids[::-1])
+            pool.take_events()
+        return _PolicyPool(pool, steps, steps * ALLOC_N)
+
+    def evict_policy(self, iters: int) -> dict[str, float]:
+        """evict under each policy: allocate(16) on a full pool (each evicts 16) timed as
+        ``evict_<mode>``, keying and freeing the 16 (where a block is filed by priority
+        and tenant) as ``refill_<mode>``; the modes take turns (policy_chunks)."""
+        pools = self._policy_pools("evict")
+        evict = dict.fromkeys(POLICY_MODES, 0.0)
+        refill = dict.fromkeys(POLICY_MODES, 0.0)
+        gc.collect()
+        for mode, n in policy_chunks(POLICY_MODES, iters):
+            st = pools[mode]
+            pool = st.pool
+            keys = unique_keys(st.key, n * ALLOC_N)
+            st.key += n * ALLOC_N
+            allocate, take, set_keys, free = (
+                pool.allocate,
+                pool.take_events,
+                pool.set_keys,
+                pool.free,
+            )
+            te: list[float] = []
+            tr: list[float] = []
+            for j in range(n):
+                tenant, priority = policy_request(st.serial, mode)
+                st.serial += 1
+                t0 = time.perf_counter()
+                ids = allocate(ALLOC_N, group=tenant)
+                take()
+                t1 = time.perf_counter()
+                set_keys(
+                    ids, keys[j * ALLOC_N : (j + 1) * ALLOC_N], priority=priority, group=tenant
+                )
+                free(ids[::-1])
+                take()
+                t2 = time.perf_counter()
+                te.append(t1 - t0)
+                tr.append(t2 - t1)
+            evict[mode] += steady_sum(te)
+            refill[mode] += steady_sum(tr)
+        for st in pools.values():
+            if st.pool.counts().cached != NUM_BLOCKS:
+                raise RuntimeError("kvgov evict_policy: a pool is not full of cached blocks")
+        per = iters * ALLOC_N / 1e6
+        out = {f"evict_{m}": evict[m] / per for m in POLICY_MODES}
+        out.update({f"refill_{m}": refill[m] / per for m in POLICY_MODES})
+        return out
+
+    def alloc_policy(self, iters: int) -> dict[str, float]:
+        """alloc_free under each policy: allocate(16) + free + take_events on a pool half
+        full of cached blocks (nothing evicted), as ``alloc_free_<mode>``."""
+        pools = self._policy_pools("alloc")
+        spent = dict.fromkeys(POLICY_MODES, 0.0)
+        gc.collect()
+        for mode, n in policy_chunks(POLICY_MODES, iters):
+            st = pools[mode]
+            allocate, free, take = st.pool.allocate, st.pool.free, st.pool.take_events
+            tenants = [policy_request(st.serial + j, mode)[0] for j in range(n)]
+            st.serial += n
+            steps: list[float] = []
+            for tenant in tenants:
+                t0 = time.perf_counter()
+                ids = allocate(ALLOC_N, group=tenant)
+                free(ids[::-1])
+                take()
+                steps.append(time.perf_counter() - t0)
+            spent[mode] += steady_sum(steps)
+        per = iters * ALLOC_N / 1e6
+        return {f"alloc_free_{m}": spent[m] / per for m in POLICY_MODES}
+
     def _governed_cache(self) -> Any:
         if self._gcache is None:
             cache = self._create_cache("governed-audit.db")
@@ -208,3 +328,6 @@ class KvgovSide:
             self._gcache.close()
         if self._epool is not None:
             self._epool.close()
+        for pools in self._policy.values():
+            for st in pools.values():
+                st.pool.close()

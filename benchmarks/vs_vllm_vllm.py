@@ -1,7 +1,10 @@
 """The vLLM side of bench_vs_vllm.py: vLLM 0.33.0's block pool and prefix hashing.
 
 Runs only inside the vLLM venv, as a worker subprocess (``bench_vs_vllm.py
---vllm-worker``) answering JSON-line commands; imports nothing of kvgov.
+--vllm-worker``) answering JSON-line commands. It imports nothing of kvgov, but for
+the policy workloads (``evict_policy``, ``alloc_policy``), whose governed modes are
+vLLM's pool under kvgov's binding (:class:`kvgov.govern.vllm.pool.GovernedBlockPool`
+and its free queue): those import this checkout's kvgov when first run.
 """
 
 from __future__ import annotations
@@ -17,12 +20,114 @@ from typing import Any
 from vs_vllm_common import (
     ALLOC_N,
     BLOCK,
+    DEFAULT_PRIORITY,
     NUM_BLOCKS,
+    POLICY_CAP,
+    POLICY_FLOOR,
+    POLICY_MODES,
+    POLICY_TENANTS,
     PROMPT_BLOCKS,
+    REPO,
     fresh_tokens,
+    policy_chunks,
+    policy_request,
     read_tokens,
+    steady_sum,
     unique_keys,
 )
+
+#: the policy workloads' modes on vLLM's pool: vLLM's own, then governed under each policy
+VLLM_POLICY_MODES = ("stock", *POLICY_MODES)
+
+
+class _Cached:
+    """What cache_full_blocks reads of a request (hashes), and what the binding's keyed
+    hook reads of it here (tenant, priority); untimed setup of the policy workloads."""
+
+    __slots__ = ("block_hashes", "priority", "tenant")
+
+    def __init__(self, hashes: list[bytes], tenant: str, priority: int) -> None:
+        self.block_hashes = hashes
+        self.tenant = tenant
+        self.priority = priority
+
+
+class _PolicyPool:
+    """One pool of the policy workloads: vLLM's or governed, its next allocation and key."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.governed = mode != "stock"
+        self.serial = 0
+        self.key = 0
+        self.owners: list[Any] = [None] * (NUM_BLOCKS + 1)
+        self.scopes = {f"t{t}": _Scope(f"t{t}") for t in range(POLICY_TENANTS)}
+        if mode == "stock":
+            from vllm.v1.core.block_pool import BlockPool
+
+            self.pool: Any = BlockPool(NUM_BLOCKS + 1, True, BLOCK)
+            return
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))  # this checkout's kvgov
+        from kvgov.allocator import Quota
+        from kvgov.allocator.quota import check_quotas
+        from kvgov.govern.vllm.pool import GovernedBlockPool
+
+        pool = self.pool = GovernedBlockPool(NUM_BLOCKS + 1, True, BLOCK)
+        pool.kvgov_owner_table = self.owners
+        pool.kvgov_keyed = self._keyed
+        if mode == "quotas":
+            quota = Quota(floor=POLICY_FLOOR, cap=POLICY_CAP)
+            quotas = {f"t{t}": quota for t in range(POLICY_TENANTS)}
+            pool.kvgov_set_quotas(check_quotas(quotas, NUM_BLOCKS + 1))
+
+    def _keyed(self, request: Any, ids: list[int]) -> None:
+        """The binding's keyed hook (VllmGovernance._keyed, without retention)."""
+        pool = self.pool
+        queue = pool.kvgov_governed
+        if queue is None:
+            if request.priority == DEFAULT_PRIORITY:
+                return  # the default policy: vLLM's queue, vLLM's order
+            queue = pool.kvgov_queue()
+        queue.kvgov_keyed(ids, request.priority, queue.kvgov_group(request.tenant), None)
+
+    def allocating(self, tenant: str) -> Any:
+        """The binding's allocating(): the tenant's quota group, where quotas are in force;
+        returns the queue to reset afterwards (None: nothing to reset)."""
+        queue = self.pool.kvgov_governed
+        if queue is None or not queue.kvgov_quotas:
+            return None
+        queue.kvgov_allocating = queue.kvgov_group(tenant)
+        return queue
+
+    def owned(self, blocks: list[Any], tenant: str) -> None:
+        """The binding's bookkeeping after an allocation and a step (untimed): the owner
+        table, and the pool's reports, which the governor drains every step."""
+        if not self.governed:
+            return
+        scope = self.scopes[tenant]
+        owners = self.owners
+        for b in blocks:
+            owners[b.block_id] = scope
+        self.drain()
+
+    def drain(self) -> None:
+        if not self.governed:
+            return
+        pool = self.pool
+        pool.kvgov_events.clear()
+        pool.kvgov_zero.clear()
+        pool.kvgov_zero_owners.clear()
+        pool.kvgov_open_free = None
+
+
+class _Scope:
+    """What the binding's owner table holds per block, as far as the pool reads it."""
+
+    __slots__ = ("tenant",)
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
 
 
 class VllmSide:
@@ -54,6 +159,7 @@ class VllmSide:
         self._gpool: Any = None
         self._epool: Any = None
         self._ekeys = 0
+        self._policy: dict[str, dict[str, _PolicyPool]] = {}
 
     def info(self) -> dict[str, Any]:
         return {"vllm": self.version}
@@ -186,6 +292,95 @@ class VllmSide:
             )
             pool.free_blocks(reversed(blocks))
         return {"evict": seconds / (iters * ALLOC_N) * 1e6}
+
+    # ------------------------------------------------------------------ eviction as policy
+
+    def _policy_pools(self, kind: str) -> dict[str, _PolicyPool]:
+        """The pools of a policy workload, one per mode, built on first use: full of
+        cached blocks (``evict``) or half full (``alloc``), each allocation's blocks at
+        its mode's priority and tenant (vs_vllm_common.policy_request)."""
+        pools = self._policy.get(kind)
+        if pools is None:
+            pools = self._policy[kind] = {}
+            for mode in VLLM_POLICY_MODES:
+                st = pools[mode] = _PolicyPool(mode)
+                n = NUM_BLOCKS if kind == "evict" else NUM_BLOCKS // 2
+                # fill it, then (evict) turn it over once more: every mode in its steady state
+                steps = n // ALLOC_N * (2 if kind == "evict" else 1)
+                keys = unique_keys(0, steps * ALLOC_N)
+                for s in range(steps):
+                    self._policy_step(st, keys[s * ALLOC_N : (s + 1) * ALLOC_N])
+                st.key = steps * ALLOC_N
+        return pools
+
+    def _policy_step(self, st: _PolicyPool, keys: list[bytes]) -> tuple[float, float]:
+        """One allocation of 16 (evicting, on a full pool), then caching and freeing them;
+        returns the seconds of each half."""
+        tenant, priority = policy_request(st.serial, st.mode)
+        st.serial += 1
+        pool = st.pool
+        t0 = time.perf_counter()
+        queue = st.allocating(tenant) if st.governed else None
+        blocks = pool.get_new_blocks(ALLOC_N)
+        if queue is not None:
+            queue.kvgov_allocating = 0
+        t1 = time.perf_counter()
+        st.owned(blocks, tenant)
+        t2 = time.perf_counter()
+        pool.cache_full_blocks(_Cached(keys, tenant, priority), blocks, 0, ALLOC_N, BLOCK, 0)
+        pool.free_blocks(reversed(blocks))
+        t3 = time.perf_counter()
+        st.drain()
+        return t1 - t0, t3 - t2
+
+    def evict_policy(self, iters: int) -> dict[str, float]:
+        """evict under each policy: get_new_blocks(16) on a full pool (each evicts 16) as
+        ``evict_<mode>``, caching and freeing the 16 as ``refill_<mode>``; the modes
+        take turns (policy_chunks)."""
+        pools = self._policy_pools("evict")
+        evict = dict.fromkeys(VLLM_POLICY_MODES, 0.0)
+        refill = dict.fromkeys(VLLM_POLICY_MODES, 0.0)
+        gc.collect()
+        for mode, n in policy_chunks(VLLM_POLICY_MODES, iters):
+            st = pools[mode]
+            keys = unique_keys(st.key, n * ALLOC_N)
+            st.key += n * ALLOC_N
+            steps = [self._policy_step(st, keys[j * ALLOC_N : (j + 1) * ALLOC_N]) for j in range(n)]
+            evict[mode] += steady_sum([te for te, _ in steps])
+            refill[mode] += steady_sum([tr for _, tr in steps])
+        for st in pools.values():
+            if st.pool.get_num_free_blocks() != NUM_BLOCKS:
+                raise RuntimeError("vLLM evict_policy: a pool holds blocks")
+        per = iters * ALLOC_N / 1e6
+        out = {f"evict_{m}": evict[m] / per for m in VLLM_POLICY_MODES}
+        out.update({f"refill_{m}": refill[m] / per for m in VLLM_POLICY_MODES})
+        return out
+
+    def alloc_policy(self, iters: int) -> dict[str, float]:
+        """alloc_free under each policy: get_new_blocks(16) + free_blocks on a pool half
+        full of cached blocks (nothing evicted), as ``alloc_free_<mode>``."""
+        pools = self._policy_pools("alloc")
+        spent = dict.fromkeys(VLLM_POLICY_MODES, 0.0)
+        gc.collect()
+        for mode, n in policy_chunks(VLLM_POLICY_MODES, iters):
+            st = pools[mode]
+            pool = st.pool
+            get, free = pool.get_new_blocks, pool.free_blocks
+            spans: list[float] = []
+            for _ in range(n):
+                tenant, _priority = policy_request(st.serial, mode)
+                st.serial += 1
+                t0 = time.perf_counter()
+                queue = st.allocating(tenant) if st.governed else None
+                blocks = get(ALLOC_N)
+                if queue is not None:
+                    queue.kvgov_allocating = 0
+                free(reversed(blocks))
+                spans.append(time.perf_counter() - t0)
+                st.drain()
+            spent[mode] += steady_sum(spans)
+        per = iters * ALLOC_N / 1e6
+        return {f"alloc_free_{m}": spent[m] / per for m in VLLM_POLICY_MODES}
 
     def _governed_pool(self) -> Any:
         if self._gpool is None:

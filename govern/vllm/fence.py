@@ -76,6 +76,7 @@ __all__ = [
     "hashed_ahead",
     "hashed_block_ids",
     "hashed_blocks",
+    "head_run",
     "kv_cache_zeroing_forced",
     "leading_unhashed",
     "lookahead_extra_keys",
@@ -396,6 +397,25 @@ def first_free(queue: Any) -> Any:
     """
     blk = queue.fake_free_list_head.next_free_block
     return blk if blk is not None and blk.next_free_block is not None else None
+
+
+def head_run(queue: Any, limit: int, stamp: list[int], bound: int, ties: bool) -> int:
+    """How many blocks from the head of a ``FreeKVCacheBlockQueue`` come before ``bound``.
+
+    Counts, up to ``limit``, the leading blocks whose ``stamp`` (by block id) is
+    below ``bound``, or equal to it when ``ties``: the run a merge of several
+    queues by stamp takes from this one before the next queue's head (whose stamp
+    is ``bound``). The caller checks ``limit <= queue.num_free_blocks``.
+    """
+    blk = queue.fake_free_list_head.next_free_block
+    k = 0
+    while k < limit:
+        s = stamp[blk.block_id]
+        if s > bound or (s == bound and not ties):
+            break
+        k += 1
+        blk = blk.next_free_block
+    return k
 
 
 def leading_unhashed(queue: Any, n: int) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from kvgov.allocator.eviction import EvictionQueue
+from kvgov.allocator.eviction import CAPACITY, PRIORITY, EvictionQueue
 
 
 def _prio(values: dict[int, int], size: int = 16) -> bytearray:
@@ -81,3 +83,38 @@ def test_remove_unqueued_block_is_a_bug() -> None:
     q = EvictionQueue()
     with pytest.raises(KeyError):
         q.remove(1, 50)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pop_reasoned_takes_what_sorting_would_with_its_reasons(seed: int) -> None:
+    """Random queues and takes: pop_reasoned gives the blocks of plain (priority, age)
+    order, those below the highest level present as "priority", the rest "capacity"."""
+    rng = random.Random(seed)
+    n_blocks = 64
+    prio = bytearray([50]) * n_blocks
+    q = EvictionQueue()
+    queued: list[int] = []  # oldest first
+    free = list(range(n_blocks))
+    for _ in range(300):
+        if free and rng.random() < 0.55:
+            ids = [free.pop(rng.randrange(len(free))) for _ in range(min(len(free), 4))]
+            for b in ids:
+                prio[b] = rng.choice((0, 10, 50, 90, 100))
+            q.extend(ids, prio)
+            queued.extend(ids)
+        elif queued:
+            n = rng.randint(0, min(10, len(queued)))
+            order = sorted(queued, key=lambda b: (prio[b], queued.index(b)))[:n]
+            top = max(prio[b] for b in queued)
+            want: list[tuple[str, list[int]]] = []
+            for b in order:
+                why = PRIORITY if prio[b] < top else CAPACITY
+                if want and want[-1][0] == why:
+                    want[-1][1].append(b)
+                else:
+                    want.append((why, [b]))
+            assert q.pop_reasoned(n) == want
+            for b in order:
+                queued.remove(b)
+                free.append(b)
+        assert len(q) == len(queued)

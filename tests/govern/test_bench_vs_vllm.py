@@ -92,7 +92,8 @@ def test_derived_figures_are_derived_pair_by_pair(bench: ModuleType) -> None:
 
 def test_kvgov_side_runs_every_workload(bench: ModuleType, tmp_path: Path) -> None:
     """Each kvgov workload returns positive per-block costs; lookup and governed hit
-    counts are checked inside (a wrong count raises RuntimeError)."""
+    counts are checked inside (a wrong count raises RuntimeError), and the policy
+    workloads give one figure per mode."""
     side = bench.KvgovSide(tmp_path)
     try:
         results = {
@@ -101,13 +102,52 @@ def test_kvgov_side_runs_every_workload(bench: ModuleType, tmp_path: Path) -> No
             "evict": side.evict(20),
             "governed_miss": side.governed_miss(2),
             "governed_hit": side.governed_hit(2),
+            "evict_policy": side.evict_policy(12),
+            "alloc_policy": side.alloc_policy(12),
         }
     finally:
         side.close()
     assert set(results["prefix"]) == {"key_derivation", "cache_blocks", "lookup"}
+    modes = ("lru", "priority", "quotas")
+    assert set(results["evict_policy"]) == {f"{f}_{m}" for f in ("evict", "refill") for m in modes}
+    assert set(results["alloc_policy"]) == {f"alloc_free_{m}" for m in modes}
     for name, figures in results.items():
         for key, value in figures.items():
             assert value > 0, (name, key)
+
+
+def test_policy_rows_are_per_pool_ratios_to_lru_median_over_calls(bench: ModuleType) -> None:
+    """The policy table pairs each mode with the same pool's lru within one call (and
+    vLLM's with stock too), and summarizes the per-call ratios by their median."""
+    figs = ("evict", "refill")
+
+    def call(
+        lru: float, prio: float, quotas: float, stock: float | None = None
+    ) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for f in figs:
+            out.update({f"{f}_lru": lru, f"{f}_priority": prio, f"{f}_quotas": quotas})
+            if stock is not None:
+                out[f"{f}_stock"] = stock
+        return out
+
+    samples = {
+        "evict_policy": [
+            _pair(call(2.0, 2.0, 3.0, 1.0), call(1.0, 1.1, 2.0)),
+            _pair(call(4.0, 4.4, 5.0, 2.0), call(3.0, 3.0, 3.0)),
+            _pair(call(1.0, 1.0, 1.0, 1.0), call(2.0, 2.0, 2.0)),
+        ]
+    }
+    rows = {(r.pool, r.figure): r for r in bench.policy_rows(samples)}
+    assert set(rows) == {(p, f) for p in ("kvgov", "vllm") for f in figs}
+    kv = rows["kvgov", "evict"]
+    assert kv.cost == {"lru": 2.0, "priority": 2.0, "quotas": 2.0}
+    assert kv.ratio["priority/lru"][0] == pytest.approx(1.0)  # median of 1.1, 1.0, 1.0
+    assert kv.ratio["quotas/lru"][0] == pytest.approx(1.0)  # median of 2.0, 1.0, 1.0
+    v = rows["vllm", "evict"]
+    assert v.ratio["priority/lru"][0] == pytest.approx(1.0)  # 1.0, 1.1, 1.0
+    assert v.ratio["lru/stock"][0] == pytest.approx(2.0)  # 2.0, 2.0, 1.0
+    assert "stock/lru" not in v.ratio and "lru/lru" not in v.ratio
 
 
 def test_profile_prints_kvgov_call_tree_without_vllm() -> None:

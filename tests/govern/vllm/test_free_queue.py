@@ -142,3 +142,48 @@ def test_the_governed_queue_evicts_what_kvgovs_own_pool_would(quotas: str, seed:
 def _tenant_of(owners: list[Any], b: int) -> str:
     tenant: str = owners[b].tenant
     return tenant
+
+
+def test_a_list_that_empties_and_refills_again_and_again_keeps_one_current_heap_entry() -> None:
+    """A tenant's list that hits empty and frees refill, over and over (no allocation
+    in between to clean the heap), leaves stale heap entries; the heap is rebuilt from
+    the lists' heads (its blocks there) before they outnumber them."""
+    from vllm.v1.core.kv_cache_utils import BlockHash
+
+    from kvgov.govern.vllm.pool import GovernedBlockPool
+
+    pool = GovernedBlockPool(N, True, 16)
+    owners: list[Any] = [None] * N
+    pool.kvgov_owner_table = owners
+    queue = pool.kvgov_queue()
+    pool.kvgov_set_quotas(check_quotas({"a": Quota(cap=40), "b": Quota(floor=2)}, N))
+    pending: dict[int, str] = {}
+    pool.kvgov_keyed = lambda request, ids: queue.kvgov_keyed(
+        ids, 10, queue.kvgov_group(pending[request.kvgov_id]), None
+    )
+
+    def cache(tenant: str, n: int) -> list[Any]:
+        blocks = pool.get_new_blocks(n)
+        for b in blocks:
+            owners[b.block_id] = SimpleNamespace(tenant=tenant)
+        rid = next(_ids)
+        pending[rid] = tenant
+        req = SimpleNamespace(
+            kvgov_id=rid,
+            block_hashes=[BlockHash(f"{rid}-{j}".encode()) for j in range(n)],
+            all_token_ids=[0] * 16 * n,
+            lora_request=None,
+        )
+        pool.cache_full_blocks(req, blocks, 0, n, 16, 0)
+        pool.free_blocks(list(reversed(blocks)))
+        return blocks
+
+    cache("a", 8)  # tenant a holds blocks at the same priority throughout
+    (block,) = cache("b", 1)
+    for _ in range(200):
+        pool.touch([block])  # a hit: b's list is empty
+        pool.free_blocks([block])  # and holds its block again
+        queue.kvgov_check()
+    evicted(pool)
+    pool.get_new_blocks(pool.get_num_free_blocks())
+    queue.kvgov_check()
