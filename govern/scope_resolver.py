@@ -111,7 +111,7 @@ class ScopeResolver:
 
     """
 
-    __slots__ = ("_defaults", "_engine", "_require", "_scopes", "_verifier")
+    __slots__ = ("_defaults", "_engine", "_require", "_scopes", "_valid_defaults", "_verifier")
 
     def __init__(
         self,
@@ -123,6 +123,14 @@ class ScopeResolver:
             settings.default_tenant,
             settings.default_classification,
             settings.default_template,
+        )
+        # which defaults pass check_scope_field, checked once (an invalid one still
+        # refuses each request that falls back on it, as it did)
+        self._valid_defaults = tuple(
+            _passes(name, default)
+            for name, default in zip(
+                (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
+            )
         )
         self._require = settings.require_scope_token
         self._engine = engine
@@ -184,13 +192,19 @@ class ScopeResolver:
         else:
             raise InvalidScope("extra_args", f"<{type(extra_args).__name__}>", "must be a mapping")
         fields: list[str] = []
-        for name, default in zip(
-            (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
+        for name, default, valid in zip(
+            (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY),
+            self._defaults,
+            self._valid_defaults,
+            strict=True,
         ):
             value = xa.get(name)
             if value is None:
                 if default is None:
                     raise InvalidScope(name, None, _MISSING[name])
+                if valid:
+                    fields.append(default)
+                    continue
                 value = default
             fields.append(check_scope_field(name, value))
         tenant, classification, template = fields
@@ -230,6 +244,17 @@ class ScopeResolver:
                 self._scopes.clear()
             self._scopes[key] = scope
         return scope
+
+
+def _passes(name: str, value: object) -> bool:
+    """Whether ``value`` passes :func:`check_scope_field` (None: no default, False)."""
+    if value is None:
+        return False
+    try:
+        check_scope_field(name, value)
+    except InvalidScope:
+        return False
+    return True
 
 
 _MISSING = {

@@ -139,12 +139,15 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         adm: Admitted | None = getattr(req, _ADMITTED, None)
         if adm is None or adm.view is None or key.extra_key != adm.namespace:
             return result
+        unit = self.kvgov_unit
+        n = int(result.device_prefix_len)
+        if not adm.shared and n // unit <= adm.reused:
+            return result  # its own tenant's pages, every one audited at an earlier match
         # the hit's pages, judged per owner in a share group and audited as reused;
         # a refused owner cuts the hit: SGLang matches again up to the kept pages, so
         # the node the scheduler locks is the end of what the request may use
-        unit = self.kvgov_unit
-        n = int(result.device_prefix_len)
-        pages = (self.path_device_indices(result.last_device_node)[:n:unit] // unit).tolist()
+        slots = self.path_device_indices(result.last_device_node)[:n:unit].tolist()
+        pages = [slot // unit for slot in slots]
         keep = self.kvgov.judge_hit(adm, pages)
         if keep < len(pages):
             cut = keep * unit
@@ -178,7 +181,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             start = int(params.prev_prefix_len or 0)
             start -= start % page
             if value.numel() > start:
-                self.kvgov.owned((value[start::page] // page).tolist(), *owner)
+                self.kvgov.owned([slot // page for slot in value[start::page].tolist()], *owner)
         return result
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
