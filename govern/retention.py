@@ -79,12 +79,15 @@ class Deadlines:
         Raises:
             InvalidArgument: ``ttl`` is negative or not a finite number.
         """
-        self.keyed(block_ids, ttl)
         if ttl is None or not block_ids:
+            self.keyed(block_ids, ttl)
             return
+        if type(ttl) is not float or not 0.0 <= ttl < _INF:  # nan fails both: checked there
+            self.keyed((), ttl)  # raises for a bad ttl, as keyed does
+        ttls, deadline = self._ttl, self._deadline
         d = self._clock() + ttl
-        deadline = self._deadline
         for b in block_ids:
+            ttls[b] = ttl
             deadline[b] = d
         heap = self._heap
         heapq.heappush(heap, (d, tuple(block_ids)))

@@ -111,7 +111,15 @@ class ScopeResolver:
 
     """
 
-    __slots__ = ("_defaults", "_engine", "_require", "_scopes", "_valid_defaults", "_verifier")
+    __slots__ = (
+        "_defaults",
+        "_engine",
+        "_require",
+        "_scopes",
+        "_unscoped",
+        "_valid_defaults",
+        "_verifier",
+    )
 
     def __init__(
         self,
@@ -136,6 +144,9 @@ class ScopeResolver:
         self._engine = engine
         self._verifier = verifier
         self._scopes: dict[tuple[object, ...], CacheScope] = {}
+        # the scope of a request naming none, for the base model, without tokens required:
+        # the defaults' (set once it resolved)
+        self._unscoped: CacheScope | None = None
 
     @classmethod
     def from_settings(
@@ -186,6 +197,8 @@ class ScopeResolver:
                 engine has no key.
         """
         if extra_args is None:
+            if adapter is None and self._unscoped is not None:
+                return self._unscoped  # nothing to read: the defaults' scope, as below
             xa: Mapping[str, object] = {}
         elif isinstance(extra_args, Mapping):
             xa = extra_args
@@ -243,6 +256,8 @@ class ScopeResolver:
             if len(self._scopes) >= MAX_SCOPES:
                 self._scopes.clear()
             self._scopes[key] = scope
+        if extra_args is None and adapter is None and not self._require:
+            self._unscoped = scope
         return scope
 
 

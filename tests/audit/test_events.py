@@ -226,3 +226,32 @@ def test_a_derived_event_at_the_column_limit_is_accepted() -> None:
     source = AuditEvent(EventType.ADMISSION, tenant="acme")
     assert source.derive(sequence_id="s" * 256).sequence_id == "s" * 256
     assert source.derive(sequence_id="caf\u00e9").sequence_id == "caf\u00e9"
+
+
+def test_derived_events_seal_to_the_bytes_of_events_built_whole() -> None:
+    """The sealer reuses the details JSON of derived events (they share their source's);
+    the rows, hashes included, are those of the same events built whole, in any order
+    with events of other details or none."""
+    from kvgov.audit.chain import GENESIS_HASH
+    from kvgov.audit.sealer import Sealer
+    from kvgov.audit.signing import SigningKey
+
+    key = SigningKey.ephemeral()
+    source = AuditEvent(EventType.ADMISSION, **_TEMPLATE_FIELDS)  # type: ignore[arg-type]
+    other = AuditEvent(EventType.ADMISSION, tenant="acme", details={"cache": False})
+    plain = AuditEvent(EventType.REUSE, tenant="acme", block_ids=(1, 2))
+    derived = [source.derive(sequence_id="r1"), other, plain, source.derive(sequence_id="r2")]
+    derived.append(source.derive(sequence_id="r3"))
+    whole = [
+        AuditEvent(EventType.ADMISSION, **{**_TEMPLATE_FIELDS, "sequence_id": s})  # type: ignore[arg-type]
+        for s in ("r1", "r2", "r3")
+    ]
+    whole = [whole[0], other, plain, whole[1], whole[2]]
+    rows = []
+    for events in (derived, whole):
+        sealer = Sealer("w1", key, lambda: 1_700_000_000.0, 0, GENESIS_HASH, -1, 100, 60.0)
+        out: list[object] = []
+        sealer.seal([(1 + i, 7, e) for i, e in enumerate(events[:2])], out, [])  # type: ignore[arg-type]
+        sealer.seal([(3 + i, 7, e) for i, e in enumerate(events[2:])], out, [])  # type: ignore[arg-type]
+        rows.append(out)
+    assert rows[0] == rows[1]
