@@ -17,8 +17,9 @@ locks, evictions and checkpoints); what changes:
 * the allocator is re-classed in place: every page it takes back
   (``_release_page_ids``: frees, evictions, duplicates an insert exposed) is
   zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
-  all pages released since the last allocation in one indexed fill per buffer,
-  and audited (``zeroization``, per owner).
+  all pages released since the last allocation in one indexed fill per layer
+  (per buffer where a layer's K and V are not one allocation's halves), and
+  audited (``zeroization``, per owner).
 
 :func:`kvgov_radix_cache_factory` is the ``kvgov`` radix-cache backend
 (:mod:`.plugin` registers it); it refuses HiCache and KV events at start.

@@ -1,11 +1,13 @@
 """The governor on SGLang's radix cache: :class:`SglangGovernance`, :class:`PageZeroer`.
 
 One object per scheduler process. It admits each request once (scope from the
-front end's signed scope token, admission policy, namespace), gives it its tree
-namespace (:mod:`.keys`), records who owns every page the tree takes, and zeroes
-every page that goes back to the allocator before the allocator can hand it out
-again (:class:`PageZeroer`: every layer's K and V, one indexed fill per buffer per
-batch). Needs torch, not SGLang: the cache (:mod:`.cache`) calls it.
+front end's signed scope token, admission policy, namespace; the policy's part
+decided once per scope, prompt length and policy revision, :class:`Decided`), gives
+it its tree namespace (:mod:`.keys`), records who owns every page the tree takes,
+and zeroes every page that goes back to the allocator before the allocator can hand
+it out again (:class:`PageZeroer`: every layer's K and V, one indexed fill per layer
+per batch where K and V are one allocation's halves, else per buffer). Needs torch,
+not SGLang: the cache (:mod:`.cache`) calls it.
 
 The governor's internals are used here only: ``gov.ledger.owners`` (who owns a page),
 ``gov.drain`` (pool events into audit events); the lead's Ledger refactor moves
@@ -137,7 +139,7 @@ class PageZeroer:
         return all(not bool(buf.index_select(0, pages).any()) for buf in self._paged)
 
     def flush(self) -> list[int]:
-        """Zero every pending page now: one indexed fill per buffer; returns their ids."""
+        """Zero every pending page now: one indexed fill per :attr:`fills`; returns their ids."""
         if not self.pending:
             return []
         pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
@@ -589,7 +591,7 @@ class SglangGovernance:
             self._ns_root[ns] = root
             self._ns_scopes.setdefault(ns, set()).add(scope)
             if plain:
-                if len(decided.namespaces) >= _NS_CACHE_SIZE:
+                if len(decided.namespaces) >= _NAMESPACES_KEPT:
                     decided.namespaces.clear()
                 decided.namespaces[memo] = ns
         return Admitted(
@@ -625,7 +627,7 @@ class SglangGovernance:
         plan = gov.plan(view, b"", bool(adm.cache), 0)
         digest = self._digests.get(scope)
         if digest is None:
-            if len(self._digests) >= _NS_CACHE_SIZE:
+            if len(self._digests) >= _DIGESTS_KEPT:
                 self._digests.clear()
             digest = self._digests[scope] = bytes(scope_digest(scope))
         root = bytes(plan.root)
@@ -870,9 +872,13 @@ class SglangGovernance:
             self.gov.close()
 
 
-_NS_CACHE_SIZE = 65_536
-#: Admissions kept (scope and prompt length): a bound on memory, then emptied.
-_DECIDED_SIZE = 65_536
+#: Scope digests kept, then emptied (a bound on memory).
+_DIGESTS_KEPT = 65_536
+#: Admissions kept (scope and prompt length: the admission policy's input), then emptied:
+#: a bound on memory (each holds its view and admission event, a few KiB at most).
+_DECIDED_SIZE = 4096
+#: Tree namespaces kept per admission (client extra_key and cache_salt), then emptied.
+_NAMESPACES_KEPT = 1024
 
 
 def _plain(value: object) -> bool:
