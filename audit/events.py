@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import sys
 from array import array
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, call
 from typing import Any, Final, NamedTuple
 
 from kvgov.canonical import JCS_INT_MAX
@@ -138,6 +140,10 @@ FORBIDDEN_DETAIL_KEYS: Final[frozenset[str]] = frozenset(
 )
 
 _EVENT_TYPES: Final = frozenset(t.value for t in EventType)
+#: ``AuditEvent.derive``'s "not given" (None is a value a field may take).
+_KEEP: Final[Any] = object()
+_SEQUENCE_LIMIT: Final = TEXT_LIMITS["sequence_id"]
+_OBJECT_NEW: Final = object.__new__
 _MAX_DEPTH: Final = 16
 
 
@@ -351,25 +357,8 @@ class AuditEvent:
             if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
                 _check_count(name, count)  # raises, naming the field (an int subclass passes)
         block_ids = self.block_ids
-        if type(block_ids) is not tuple:
-            block_ids = tuple(block_ids)
-            object.__setattr__(self, "block_ids", block_ids)
-        if block_ids:
-            # C-level passes (hundreds of ids per event on the hot path): every id an
-            # integer in 0 .. 2**64-1 (a float, a str or a negative id raises here), and
-            # bits 53..63 clear in all of them (max() would box every id)
-            try:
-                raw = array("Q", block_ids).tobytes()
-            except (TypeError, OverflowError):
-                bad = next(b for b in block_ids if not _is_block_id(b))
-                raise InvalidAuditEvent(
-                    "block_ids", f"must be non-negative ints, got {bad!r}"
-                ) from None
-            if raw[_TOP::8].strip(b"\0") or raw[_NEXT::8].translate(None, _LOW_BYTES):
-                bad = next(b for b in block_ids if b > MAX_COUNT)
-                raise InvalidAuditEvent(
-                    "block_ids", f"must be at most {MAX_COUNT} (2**53 - 1), got {bad!r}"
-                )
+        if type(block_ids) is not tuple or block_ids:
+            object.__setattr__(self, "block_ids", _checked_block_ids(block_ids))
         details = self.details
         if type(details) is dict:  # the rule: no ABC check, no dispatch through _clean
             cleaned: Any = _clean_mapping(details, "details", 0) if details else {}
@@ -379,11 +368,90 @@ class AuditEvent:
             raise InvalidAuditEvent("details", "must be a mapping")
         object.__setattr__(self, "details", cleaned)
 
+    def derive(
+        self,
+        *,
+        sequence_id: Any = _KEEP,
+        block_ids: Any = _KEEP,
+        token_count: Any = _KEEP,
+        reused_tokens: Any = _KEEP,
+    ) -> AuditEvent:
+        """This event with another ``sequence_id``, ``block_ids`` or counts; only those are checked.
+
+        For a binding that writes many events alike but for the request and its blocks
+        (the admission of one scope under one decision, the reuse of one owner's
+        blocks): it builds and validates one event, then derives each request's from
+        it. The fields given are checked by the rules of construction (and raise the
+        same); every other field is this event's, validated when it was built. The
+        result equals the event built from all its fields.
+
+        Raises:
+            InvalidAuditEvent: a given field is invalid.
+        """
+        values = list(event_record(self))
+        if sequence_id is not _KEEP:
+            if sequence_id is not None and not (
+                type(sequence_id) is str
+                and sequence_id.isascii()
+                and "\x00" not in sequence_id
+                and len(sequence_id) <= _SEQUENCE_LIMIT
+            ):
+                _check_str("sequence_id", sequence_id)
+                problem = text_problem(sequence_id, _SEQUENCE_LIMIT)
+                if problem is not None:
+                    raise InvalidAuditEvent("sequence_id", problem)
+            values[_SEQUENCE_AT] = sequence_id
+        if block_ids is not _KEEP:
+            values[_BLOCKS_AT] = _checked_block_ids(block_ids)
+        if token_count is not _KEEP:
+            values[_TOKENS_AT] = _checked_count("token_count", token_count)
+        if reused_tokens is not _KEEP:
+            values[_REUSED_AT] = _checked_count("reused_tokens", reused_tokens)
+        event = _OBJECT_NEW(AuditEvent)
+        # each field's slot set directly (the frozen class refuses setattr), in C calls
+        deque(map(call, _SLOT_SETTERS, repeat(event), values), 0)
+        return event
+
+
+def _checked_count(name: str, count: Any) -> Any:
+    """``count`` if it is None or an int in 0 .. 2**53 - 1, else raise (naming the field)."""
+    if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
+        _check_count(name, count)  # raises, naming the field (an int subclass passes)
+    return count
+
+
+def _checked_block_ids(block_ids: Any) -> tuple[int, ...]:
+    """``block_ids`` as a tuple, each an integer in 0 .. 2**53 - 1, or raise."""
+    ids: tuple[int, ...] = block_ids if type(block_ids) is tuple else tuple(block_ids)
+    if ids:
+        # C-level passes (hundreds of ids per event on the hot path): every id an
+        # integer in 0 .. 2**64-1 (a float, a str or a negative id raises here), and
+        # bits 53..63 clear in all of them (max() would box every id)
+        try:
+            raw = array("Q", ids).tobytes()
+        except (TypeError, OverflowError):
+            bad = next(b for b in ids if not _is_block_id(b))
+            raise InvalidAuditEvent(
+                "block_ids", f"must be non-negative ints, got {bad!r}"
+            ) from None
+        if raw[_TOP::8].strip(b"\0") or raw[_NEXT::8].translate(None, _LOW_BYTES):
+            bad = next(b for b in ids if b > MAX_COUNT)
+            raise InvalidAuditEvent(
+                "block_ids", f"must be at most {MAX_COUNT} (2**53 - 1), got {bad!r}"
+            )
+    return ids
+
 
 #: Every field of :class:`AuditEvent`, in declaration order: the layout of a compact record.
 RECORD_FIELDS: Final = tuple(f.name for f in fields(AuditEvent))
 #: ``event -> tuple`` of :data:`RECORD_FIELDS` in one C call (the hand-off to a writer process).
 event_record: Final = attrgetter(*RECORD_FIELDS)
+_SEQUENCE_AT: Final = RECORD_FIELDS.index("sequence_id")
+_BLOCKS_AT: Final = RECORD_FIELDS.index("block_ids")
+_TOKENS_AT: Final = RECORD_FIELDS.index("token_count")
+_REUSED_AT: Final = RECORD_FIELDS.index("reused_tokens")
+#: Each field's slot setter, in :data:`RECORD_FIELDS` order (``AuditEvent.derive``).
+_SLOT_SETTERS: Final = tuple(AuditEvent.__dict__[name].__set__ for name in RECORD_FIELDS)
 
 
 class CompactEvent(NamedTuple):

@@ -82,6 +82,7 @@ class Sealer:
         # caches: decimal text of block ids, JSON of scopes
         self._block_ids_json = BlockIdsJson()
         self._scope_json: dict[tuple[str | None, ...], str] = {}
+        self._last_details: tuple[object, str] = (None, "{}")
 
     def checkpoint(self, seq: int, chain: ChainHash, out: list[CheckpointRecord]) -> None:
         """Sign ``(stream, seq, chain)`` and append the checkpoint to ``out``.
@@ -137,6 +138,9 @@ class Sealer:
         scope_of, request_of = _SCOPE, _REQUEST
         scope_json = self._scope_json
         prefix = canonical_prefix(stream, CHAIN_FORMAT)
+        # the details of the last event that had any, and their JSON: derived events
+        # share their source's details (immutable, as the event), so the JSON is one
+        last_details, last_det = self._last_details
         for seq, time_us, ev in items:
             scope = scope_of(ev)  # str or None only: equal tuples have equal JSON
             head = scope_json.get(scope)
@@ -146,7 +150,14 @@ class Sealer:
                 head = scope_json[scope] = encode(scope)[1:-1]
             request = request_of(ev)
             bids = encode_ids(ev.block_ids)
-            det = encode_details(ev.details) if ev.details else "{}"
+            details = ev.details
+            if not details:
+                det = "{}"
+            elif details is last_details:  # events derived from one (AuditEvent.derive)
+                det = last_det
+            else:
+                det = last_det = encode_details(details)
+                last_details = details
             text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
             h = sha256(prev + text.encode(charset)).digest()
             # the row holds the hashes as bytearrays: the sqlite3 driver binds those
@@ -158,3 +169,4 @@ class Sealer:
                 self.checkpoint(seq, ChainHash(h), cps)
         self.head_seq = items[-1][0]
         self.head_hash = ChainHash(prev)
+        self._last_details = (last_details, last_det)

@@ -86,7 +86,7 @@ from .views import ScopeView
 if TYPE_CHECKING:
     from .offloading import Offloading
 
-__all__ = ["Governor"]
+__all__ = ["Governor", "admission_event"]
 
 _log = get_logger()
 
@@ -308,30 +308,31 @@ class Governor:
         cached_tokens: int,
     ) -> None:
         """Count the admission and write its audit event (every pool binding calls this)."""
-        counters = self.ledger.counters[view.scope.tenant]
+        self.count_admission(view.scope.tenant, num_tokens, cached_tokens)
+        self.audit.record(
+            admission_event(
+                view,
+                seq_id,
+                block_ids,
+                adm,
+                num_tokens=num_tokens,
+                cacheable=cacheable,
+                ttl=ttl,
+                requested_priority=requested_priority,
+                cached_tokens=cached_tokens,
+            )
+        )
+
+    def count_admission(self, tenant: str, num_tokens: int, cached_tokens: int) -> None:
+        """Count one admission in the tenant's counters (:meth:`record_admission`'s count).
+
+        For a binding that writes the admission's event itself, derived from an
+        :func:`admission_event` it built before (``AuditEvent.derive``).
+        """
+        counters = self.ledger.counters[tenant]
         counters.requests += 1
         counters.queried_tokens += num_tokens
         counters.hit_tokens += cached_tokens
-        decision = adm.decision
-        self.audit.record(
-            AuditEvent(
-                type=EventType.ADMISSION,
-                **view.fields,
-                sequence_id=seq_id,
-                block_ids=tuple(block_ids),
-                token_count=num_tokens,
-                reused_tokens=cached_tokens,
-                decision_id=decision.decision_id,
-                policy_revision=decision.bundle_revision,
-                details={
-                    "cache": cacheable,
-                    "priority": adm.priority,
-                    "reason": adm.reason,
-                    "requested_priority": requested_priority,
-                    "ttl_seconds": ttl,
-                },
-            )
-        )
 
     def record_end(
         self,
@@ -736,3 +737,36 @@ class Governor:
             self.ledger.deadlines._check_invariants(
                 b for b, state in enumerate(states) if state is BlockState.CACHED
             )
+
+
+def admission_event(
+    view: ScopeView,
+    seq_id: str | None,
+    block_ids: Sequence[int],
+    adm: AdmissionDecision,
+    *,
+    num_tokens: int,
+    cacheable: bool,
+    ttl: float | None,
+    requested_priority: int | None,
+    cached_tokens: int,
+) -> AuditEvent:
+    """The ``admission`` event :meth:`Governor.record_admission` writes (built, not written)."""
+    decision = adm.decision
+    return AuditEvent(
+        type=EventType.ADMISSION,
+        **view.fields,
+        sequence_id=seq_id,
+        block_ids=tuple(block_ids),
+        token_count=num_tokens,
+        reused_tokens=cached_tokens,
+        decision_id=decision.decision_id,
+        policy_revision=decision.bundle_revision,
+        details={
+            "cache": cacheable,
+            "priority": adm.priority,
+            "reason": adm.reason,
+            "requested_priority": requested_priority,
+            "ttl_seconds": ttl,
+        },
+    )

@@ -72,6 +72,28 @@ class Deadlines:
         for b in block_ids:
             table[b] = ttl
 
+    def keyed_cached(self, block_ids: Sequence[int], ttl: float | None) -> None:
+        """Blocks were keyed with this retention and are CACHED now: :meth:`keyed`, then
+        :meth:`cached` (one heap entry), for a pool whose blocks are cached as they are keyed.
+
+        Raises:
+            InvalidArgument: ``ttl`` is negative or not a finite number.
+        """
+        if ttl is None or not block_ids:
+            self.keyed(block_ids, ttl)
+            return
+        if type(ttl) is not float or not 0.0 <= ttl < _INF:  # nan fails both: checked there
+            self.keyed((), ttl)  # raises for a bad ttl, as keyed does
+        ttls, deadline = self._ttl, self._deadline
+        d = self._clock() + ttl
+        for b in block_ids:
+            ttls[b] = ttl
+            deadline[b] = d
+        heap = self._heap
+        heapq.heappush(heap, (d, tuple(block_ids)))
+        if len(heap) > self._limit:
+            self._rebuild()
+
     def cached(self, block_ids: Sequence[int]) -> None:
         """Blocks just became CACHED: their deadlines start now."""
         ttls = self._ttl

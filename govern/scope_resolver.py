@@ -111,7 +111,15 @@ class ScopeResolver:
 
     """
 
-    __slots__ = ("_defaults", "_engine", "_require", "_scopes", "_verifier")
+    __slots__ = (
+        "_defaults",
+        "_engine",
+        "_require",
+        "_scopes",
+        "_unscoped",
+        "_valid_defaults",
+        "_verifier",
+    )
 
     def __init__(
         self,
@@ -124,10 +132,21 @@ class ScopeResolver:
             settings.default_classification,
             settings.default_template,
         )
+        # which defaults pass check_scope_field, checked once (an invalid one still
+        # refuses each request that falls back on it, as it did)
+        self._valid_defaults = tuple(
+            _passes(name, default)
+            for name, default in zip(
+                (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
+            )
+        )
         self._require = settings.require_scope_token
         self._engine = engine
         self._verifier = verifier
         self._scopes: dict[tuple[object, ...], CacheScope] = {}
+        # the scope of a request naming none, for the base model, without tokens required:
+        # the defaults' (set once it resolved)
+        self._unscoped: CacheScope | None = None
 
     @classmethod
     def from_settings(
@@ -178,19 +197,27 @@ class ScopeResolver:
                 engine has no key.
         """
         if extra_args is None:
+            if adapter is None and self._unscoped is not None:
+                return self._unscoped  # nothing to read: the defaults' scope, as below
             xa: Mapping[str, object] = {}
         elif isinstance(extra_args, Mapping):
             xa = extra_args
         else:
             raise InvalidScope("extra_args", f"<{type(extra_args).__name__}>", "must be a mapping")
         fields: list[str] = []
-        for name, default in zip(
-            (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY), self._defaults, strict=True
+        for name, default, valid in zip(
+            (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY),
+            self._defaults,
+            self._valid_defaults,
+            strict=True,
         ):
             value = xa.get(name)
             if value is None:
                 if default is None:
                     raise InvalidScope(name, None, _MISSING[name])
+                if valid:
+                    fields.append(default)
+                    continue
                 value = default
             fields.append(check_scope_field(name, value))
         tenant, classification, template = fields
@@ -229,7 +256,20 @@ class ScopeResolver:
             if len(self._scopes) >= MAX_SCOPES:
                 self._scopes.clear()
             self._scopes[key] = scope
+        if extra_args is None and adapter is None and not self._require:
+            self._unscoped = scope
         return scope
+
+
+def _passes(name: str, value: object) -> bool:
+    """Whether ``value`` passes :func:`check_scope_field` (None: no default, False)."""
+    if value is None:
+        return False
+    try:
+        check_scope_field(name, value)
+    except InvalidScope:
+        return False
+    return True
 
 
 _MISSING = {

@@ -17,8 +17,9 @@ locks, evictions and checkpoints); what changes:
 * the allocator is re-classed in place: every page it takes back
   (``_release_page_ids``: frees, evictions, duplicates an insert exposed) is
   zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
-  all pages released since the last allocation in one indexed fill per buffer,
-  and audited (``zeroization``, per owner).
+  all pages released since the last allocation in one indexed fill per layer
+  (per buffer where a layer's K and V are not one allocation's halves), and
+  audited (``zeroization``, per owner).
 
 :func:`kvgov_radix_cache_factory` is the ``kvgov`` radix-cache backend
 (:mod:`.plugin` registers it); it refuses HiCache and KV events at start.
@@ -59,6 +60,8 @@ __all__ = [
 
 #: The namespace of keys kvgov did not issue, for matching: nothing is ever inserted there.
 _UNSCOPED = NAMESPACE_PREFIX + "unscoped"
+#: The prefix of a namespace of its own (a refused request's, an unissued key's insert).
+_PRIVATE = NAMESPACE_PREFIX + "private:"
 _ADMITTED = "_kvgov_admitted"
 
 
@@ -118,12 +121,16 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         setattr(req, _ADMITTED, adm)
         return ns
 
-    def _kvgov_key(self, key: RadixKey, req: Any, *, inserting: bool) -> RadixKey:
-        ns = self.kvgov_admit(req) if req is not None else key.extra_key
+    def _kvgov_key(self, key: RadixKey, ns: Any, *, inserting: bool) -> RadixKey:
+        """``key`` in namespace ``ns`` if kvgov issued it and it is live, else in none.
+
+        A namespace kvgov did not issue, or one an erasure retired, matches nothing
+        (``_UNSCOPED``) and is inserted in a private namespace of its own.
+        """
         if ns not in self.kvgov_namespaces and not (
-            isinstance(ns, str) and ns.startswith(NAMESPACE_PREFIX + "private:")
+            isinstance(ns, str) and ns.startswith(_PRIVATE)
         ):
-            ns = f"{NAMESPACE_PREFIX}private:{uuid.uuid4().hex}" if inserting else _UNSCOPED
+            ns = f"{_PRIVATE}{uuid.uuid4().hex}" if inserting else _UNSCOPED
         if key.extra_key == ns and key.cache_salt is None:
             return key
         return RadixKey(
@@ -132,19 +139,28 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
 
     def match_prefix(self, params: MatchPrefixParams) -> Any:
         req = params.req
-        params.key = key = self._kvgov_key(params.key, req, inserting=False)
-        result = super().match_prefix(params)
-        if req is None or not result.device_prefix_len:
-            return result
+        key = params.key
+        if req is None:
+            params.key = self._kvgov_key(key, key.extra_key, inserting=False)
+            return super().match_prefix(params)
         adm: Admitted | None = getattr(req, _ADMITTED, None)
-        if adm is None or adm.view is None or key.extra_key != adm.namespace:
+        if adm is None:
+            self.kvgov_admit(req)
+            adm = getattr(req, _ADMITTED)
+        params.key = key = self._kvgov_key(key, adm.namespace, inserting=False)
+        result = super().match_prefix(params)
+        n = result.device_prefix_len
+        if not n or adm.view is None or key.extra_key != adm.namespace:
             return result
+        unit = self.kvgov_unit
+        n = int(n)
+        if not adm.shared and n // unit <= adm.reused:
+            return result  # its own tenant's pages, every one audited at an earlier match
         # the hit's pages, judged per owner in a share group and audited as reused;
         # a refused owner cuts the hit: SGLang matches again up to the kept pages, so
         # the node the scheduler locks is the end of what the request may use
-        unit = self.kvgov_unit
-        n = int(result.device_prefix_len)
-        pages = (self.path_device_indices(result.last_device_node)[:n:unit] // unit).tolist()
+        slots = self.path_device_indices(result.last_device_node)[:n:unit].tolist()
+        pages = [slot // unit for slot in slots]
         keep = self.kvgov.judge_hit(adm, pages)
         if keep < len(pages):
             cut = keep * unit
@@ -159,17 +175,19 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         return result
 
     def touch_prefix(self, key: RadixKey) -> None:
-        super().touch_prefix(self._kvgov_key(key, None, inserting=False))
+        super().touch_prefix(self._kvgov_key(key, key.extra_key, inserting=False))
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         self.kvgov_admit(req)
         super().checkpoint(req, up_to=up_to, **kwargs)
 
     def insert(self, params: InsertParams) -> InsertResult:
-        if params.key is not None:
-            params.key = self._kvgov_key(params.key, None, inserting=True)
+        key = params.key
+        if key is None:
+            return super().insert(params)
+        params.key = key = self._kvgov_key(key, key.extra_key, inserting=True)
         result = super().insert(params)
-        owner = self.kvgov_namespaces.get(params.key.extra_key) if params.key else None
+        owner = self.kvgov_namespaces.get(key.extra_key)
         value = params.value
         if owner is not None and isinstance(value, torch.Tensor):
             # the pages past the matched prefix (already owned) are the request's new ones;
@@ -178,7 +196,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             start = int(params.prev_prefix_len or 0)
             start -= start % page
             if value.numel() > start:
-                self.kvgov.owned((value[start::page] // page).tolist(), *owner)
+                self.kvgov.owned([slot // page for slot in value[start::page].tolist()], *owner)
         return result
 
     def init_hicache(self, server_args: Any, params: Any) -> None:

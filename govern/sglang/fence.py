@@ -96,14 +96,17 @@ def govern_allocator(
         )
 
         if issubclass(base, PagedTokenToKVPoolAllocator):
-            methods = _PAGED_METHODS
+            methods = {"_release_page_ids": _releasing(base._release_page_ids)}
         elif issubclass(base, TokenToKVPoolAllocator) and int(allocator.page_size) == 1:
-            methods = _TOKEN_METHODS
+            methods = {"free": _freeing(base.free)}
         else:
             raise UnsupportedEngine(
                 f"the allocator {base.__name__}",
                 "run a full-attention model (SGLang's paged or page-size-1 allocator)",
             )
+        for name in _ALLOCS:
+            if hasattr(base, name):
+                methods[name] = _flushing(name, getattr(base, name))
         cls = type(f"Governed{base.__name__}", (base,), dict(methods))
         _GOVERNED[base] = cls
     allocator.kvgov_release = release
@@ -114,29 +117,38 @@ def govern_allocator(
 _GOVERNED: dict[type, type] = {}
 
 
-def _release_page_ids(self: Any, *page_ids: Any) -> None:
-    release = self.kvgov_release
-    for ids in page_ids:
-        release(ids)
-    super(type(self), self)._release_page_ids(*page_ids)
+# Each governed method calls its base class's own (captured when the class is made: the
+# allocator's path, per call, is one Python frame more than SGLang's own).
 
 
-def _flushing(name: str) -> Callable[..., Any]:
+def _releasing(inner: Callable[..., None]) -> Callable[..., None]:
+    def _release_page_ids(self: Any, *page_ids: Any) -> None:
+        release = self.kvgov_release
+        for ids in page_ids:
+            release(ids)
+        inner(self, *page_ids)
+
+    return _release_page_ids
+
+
+def _flushing(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         self.kvgov_flush()
-        return getattr(super(type(self), self), name)(*args, **kwargs)
+        return inner(self, *args, **kwargs)
 
     call.__name__ = name
     return call
 
 
-def _free(self: Any, free_index: Any) -> None:
-    # a free group defers the slots to free_group_end, which frees them through here
-    if self.free_group is None and free_index.numel():
-        self.kvgov_release(free_index)
-    super(type(self), self).free(free_index)
+def _freeing(inner: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def free(self: Any, free_index: Any) -> None:
+        # a free group defers the slots to free_group_end, which frees them through here
+        if self.free_group is None and free_index.numel():
+            self.kvgov_release(free_index)
+        inner(self, free_index)
+
+    return free
 
 
-_ALLOCS: dict[str, Any] = {n: _flushing(n) for n in ("alloc", "alloc_extend", "alloc_decode")}
-_PAGED_METHODS: dict[str, Any] = {"_release_page_ids": _release_page_ids, **_ALLOCS}
-_TOKEN_METHODS: dict[str, Any] = {"free": _free, **_ALLOCS}
+#: The allocation calls: each zeroes what is pending before it hands out anything.
+_ALLOCS = ("alloc", "alloc_extend", "alloc_decode")

@@ -1,11 +1,13 @@
 """The governor on SGLang's radix cache: :class:`SglangGovernance`, :class:`PageZeroer`.
 
 One object per scheduler process. It admits each request once (scope from the
-front end's signed scope token, admission policy, namespace), gives it its tree
-namespace (:mod:`.keys`), records who owns every page the tree takes, and zeroes
-every page that goes back to the allocator before the allocator can hand it out
-again (:class:`PageZeroer`: every layer's K and V, one indexed fill per buffer per
-batch). Needs torch, not SGLang: the cache (:mod:`.cache`) calls it.
+front end's signed scope token, admission policy, namespace; the policy's part
+decided once per scope, prompt length and policy revision, :class:`Decided`), gives
+it its tree namespace (:mod:`.keys`), records who owns every page the tree takes,
+and zeroes every page that goes back to the allocator before the allocator can hand
+it out again (:class:`PageZeroer`: every layer's K and V, one indexed fill per layer
+per batch where K and V are one allocation's halves, else per buffer). Needs torch,
+not SGLang: the cache (:mod:`.cache`) calls it.
 
 The governor's internals are used here only: ``gov.ledger.owners`` (who owns a page),
 ``gov.drain`` (pool events into audit events); the lead's Ledger refactor moves
@@ -19,7 +21,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
@@ -46,10 +48,11 @@ from kvgov.exceptions import (
     UnknownBlock,
     UnsupportedEngine,
 )
+from kvgov.policy.engine import UNKNOWN_REVISION, TimedRevision
 
 from .. import sharing
 from ..assemble import open_parts
-from ..governor import Governor
+from ..governor import Governor, admission_event
 from ..keys import scope_digest
 from ..refusal import describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
@@ -65,6 +68,7 @@ __all__ = [
     "SWEEP_INTERVAL",
     "ZERO_AUDIT_BATCH",
     "Admitted",
+    "Decided",
     "PageZeroer",
     "SglangGovernance",
     "SglangPoolAdapter",
@@ -110,11 +114,15 @@ class PageZeroer:
             b[: b.shape[0] - b.shape[0] % page_size].view(-1, page_size, *b.shape[1:])
             for b in self.buffers
         ]
+        #: what a flush fills, each indexed by page along ``dim``: a layer's K and V as one
+        #: view where they are two halves of one allocation, else each buffer alone
+        self.fills: list[tuple[torch.Tensor, int]] = _fill_targets(self._paged)
+        self.device = self.buffers[0].device
 
     def release(self, page_ids: torch.Tensor) -> None:
         """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
         if page_ids.numel():
-            self.pending.append(page_ids.reshape(-1))
+            self.pending.append(page_ids if page_ids.dim() == 1 else page_ids.reshape(-1))
 
     def pending_ids(self) -> list[int]:
         """The pages released and not yet zeroed, in release order."""
@@ -131,19 +139,73 @@ class PageZeroer:
         return all(not bool(buf.index_select(0, pages).any()) for buf in self._paged)
 
     def flush(self) -> list[int]:
-        """Zero every pending page now: one indexed fill per buffer; returns their ids."""
+        """Zero every pending page now: one indexed fill per :attr:`fills`; returns their ids."""
         if not self.pending:
             return []
         pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
         self.pending = []
         start = time.perf_counter()
-        pages = pages.to(self.buffers[0].device, torch.int64)
-        for buf in self._paged:
-            buf.index_fill_(0, pages, 0)
+        if pages.dtype != torch.int64 or pages.device != self.device:
+            pages = pages.to(self.device, torch.int64)
+        for target, dim in self.fills:
+            target.index_fill_(dim, pages, 0)
         ids = pages.tolist()
         if self.on_zeroed is not None:
             self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
         return ids
+
+
+def _fill_targets(paged: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """What to fill so every paged buffer is reached: pairs fused, the rest alone.
+
+    SGLang stores a layer's K and V (when their shapes agree) as the two halves of one
+    ``[2, rows, ...]`` allocation; ``paged`` lists every K, then every V. Where K and V
+    of a layer are such halves (one storage, equal shape, strides and type, V at a
+    fixed element distance from K, the halves not overlapping), the pair is one view
+    ``[2, pages, page_size, ...]`` over exactly their elements (checked), zeroed by one
+    indexed fill along dimension 1; any other buffer is filled alone along 0.
+    """
+    half = len(paged) // 2
+    targets: list[tuple[torch.Tensor, int]] = []
+    fused: set[int] = set()
+    if len(paged) % 2 == 0:
+        for i in range(half):
+            pair = _fused(paged[i], paged[half + i])
+            if pair is not None:
+                targets.append((pair, 1))
+                fused.update((i, half + i))
+    targets.extend((buf, 0) for i, buf in enumerate(paged) if i not in fused)
+    return targets
+
+
+def _fused(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """One ``[2, *k.shape]`` view whose halves are exactly ``k`` and ``v``, or None."""
+    if (
+        k.dtype != v.dtype
+        or k.device != v.device
+        or k.shape != v.shape
+        or k.stride() != v.stride()
+        or k.numel() == 0
+        or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()
+    ):
+        return None
+    distance = v.storage_offset() - k.storage_offset()
+    # the highest element offset a buffer reaches from its first, plus one
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(k.shape, k.stride(), strict=True))
+    if distance < span or any(st < 0 for st in k.stride()):
+        return None  # V before K, or the halves overlap: filled one by one
+    try:
+        pair = k.as_strided((2, *k.shape), (distance, *k.stride()), k.storage_offset())
+    except RuntimeError:  # beyond the storage
+        return None
+    for half, buf in zip(pair, (k, v), strict=True):
+        if (
+            half.data_ptr() != buf.data_ptr()
+            or half.shape != buf.shape
+            or half.stride() != buf.stride()
+        ):
+            return None
+    return pair
 
 
 class SglangPoolAdapter:
@@ -288,6 +350,31 @@ def _checked(block_ids: Iterable[int], num: int) -> list[int]:
 
 
 @dataclass(slots=True)
+class Decided:
+    """One scope's admission at one prompt length, decided under one policy revision.
+
+    Attributes:
+        revision: the policy bundle revision it was decided under.
+        view: the scope's view.
+        ttl: retention of its pages; None: it may cache nothing (a private namespace).
+        root: the namespace root it publishes in (its tenant's or a share group's).
+        digest: the scope digest.
+        shared: ``root`` is a share group's.
+        event: its ``admission`` event without a request id (each request's is derived).
+        namespaces: (extra_key, cache_salt, generation) -> its tree namespace.
+    """
+
+    revision: str
+    view: ScopeView
+    ttl: float | None
+    root: bytes
+    digest: bytes
+    shared: bool
+    event: AuditEvent
+    namespaces: dict[tuple[str | None, str | None, int], str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class Admitted:
     """What the binding decided for one request (kept on the request while it lives).
 
@@ -348,9 +435,11 @@ class SglangGovernance:
         self._zero_pending: dict[int, tuple[CacheScope | None, list[int], list[float]]] = {}
         self._zero_pending_pages = 0
         self._zero_bytes_per_page = zeroer.bytes_per_page
-        # (namespace root, scope digest, extra_key, cache_salt, generation) -> tree namespace
-        self._ns_cache: dict[tuple[bytes, bytes, str | None, str | None, int], str] = {}
+        # (id of the scope, prompt tokens) -> its admission decided under a policy revision
+        self._decided: dict[tuple[int, int], Decided] = {}
         self._digests: dict[CacheScope, bytes] = {}
+        #: the REUSE event of each owner scope, derived per reuse (see judge_hit)
+        self.reuse_templates = sharing.ReuseTemplates()
         # namespace root -> generation: an erasure moves every namespace it retires to
         # the next one, so pages a running request still holds there are never found again
         self._generation: dict[bytes, int] = {}
@@ -466,9 +555,15 @@ class SglangGovernance:
             adapter = _LoraName(req.lora_id) if getattr(req, "lora_id", None) else None
             scope = self.resolver.resolve(params, adapter)
             gov.check_not_purging(scope.tenant)
-            view = gov.admission_view(scope, seq_id, num_tokens)
-            adm = gov.decide(view, seq_id, num_tokens, None)
-            plan = gov.plan(view, b"", bool(adm.cache), 0)
+            # keyed by the scope object (the resolver hands out one per scope; the entry
+            # holds it, so its id stays its own while the entry lives)
+            decided = self._decided.get((id(scope), num_tokens))
+            if (
+                decided is None
+                or decided.view.scope is not scope
+                or decided.revision != gov.policy.bundle_revision
+            ):
+                decided = self._decide(scope, seq_id, num_tokens)
         except PolicyDenied:  # audited by the governor
             return self._private()
         except (InvalidScope, ScopeTokenError, PoolClosed, TenantPurging, InvalidArgument) as exc:
@@ -476,44 +571,96 @@ class SglangGovernance:
             return self._private()
         except AuditUnavailable:  # fail closed: nothing shared unaudited
             return self._private()
-        gov.record_admission(
-            view,
-            seq_id,
-            (),
-            adm,
-            num_tokens=num_tokens,
-            cacheable=plan.cacheable,
-            ttl=plan.ttl,
-            requested_priority=None,
-            cached_tokens=0,
-        )
-        if not plan.cacheable:
+        # every request's admission is counted and audited, the decision made or not:
+        # its event is the decided one's with this request's id
+        gov.count_admission(scope.tenant, num_tokens, 0)
+        gov.audit.record(decided.event.derive(sequence_id=seq_id))
+        if decided.ttl is None:  # not cacheable
             return Admitted(namespace=self._private().namespace, scope=scope)
-        digest = self._digests.get(scope)
-        if digest is None:
-            digest = self._digests[scope] = bytes(scope_digest(scope))
-        root = bytes(plan.root)
         extra_key = getattr(req, "extra_key", None)
         cache_salt = getattr(req, "cache_salt", None)
+        root = decided.root
         generation = self._generation.get(root, 0)
-        memo = (root, digest, extra_key, cache_salt, generation)
-        ns = self._ns_cache.get(memo) if _plain(extra_key) and _plain(cache_salt) else None
+        plain = _plain(extra_key) and _plain(cache_salt)
+        memo = (extra_key, cache_salt, generation)
+        ns = decided.namespaces.get(memo) if plain else None
         if ns is None:
-            ns = tree_namespace(root, digest, extra_key, cache_salt, generation=generation)
-            if _plain(extra_key) and _plain(cache_salt):
-                if len(self._ns_cache) >= _NS_CACHE_SIZE:
-                    self._ns_cache.clear()
-                self._ns_cache[memo] = ns
-        self._ns_root[ns] = root
-        self._ns_scopes.setdefault(ns, set()).add(scope)
+            ns = tree_namespace(root, decided.digest, extra_key, cache_salt, generation=generation)
+            # the scope is registered in its namespace (for erasures) whenever the
+            # namespace is computed: the memo is per scope, so a hit means it was
+            self._ns_root[ns] = root
+            self._ns_scopes.setdefault(ns, set()).add(scope)
+            if plain:
+                if len(decided.namespaces) >= _NAMESPACES_KEPT:
+                    decided.namespaces.clear()
+                decided.namespaces[memo] = ns
         return Admitted(
             namespace=ns,
             scope=scope,
-            ttl=plan.ttl,
-            view=view,
+            ttl=decided.ttl,
+            view=decided.view,
             seq_id=seq_id,
-            shared=root != bytes(view.own_root),
+            shared=decided.shared,
         )
+
+    def _decide(self, scope: CacheScope, seq_id: str, num_tokens: int) -> Decided:
+        """Decide a scope's admission at a prompt length: view, admission policy, plan.
+
+        The outcome is kept (:attr:`_decided`) under the policy revision it was made
+        under, when that revision covers everything it read: an allowed admission,
+        every decision without an error, a revision an in-process engine vouches for
+        (not empty, not unknown, not an OPA server's timed one). A later request of the
+        same scope and length under the same revision is admitted from it: the same
+        decisions, as the policy's decision cache would give them, with no policy
+        input built. A refusal or a failed decision is never kept (each request asks
+        again and each refusal is audited).
+
+        Raises:
+            PolicyDenied, InvalidScope, AuditUnavailable: as the governor's steps.
+        """
+        gov = self.gov
+        # read before deciding: a decision made as the policy changes is kept under the
+        # older revision, so the next request misses and decides again
+        revision = gov.policy.bundle_revision
+        view = gov.admission_view(scope, seq_id, num_tokens)
+        adm = gov.decide(view, seq_id, num_tokens, None)
+        plan = gov.plan(view, b"", bool(adm.cache), 0)
+        digest = self._digests.get(scope)
+        if digest is None:
+            if len(self._digests) >= _DIGESTS_KEPT:
+                self._digests.clear()
+            digest = self._digests[scope] = bytes(scope_digest(scope))
+        root = bytes(plan.root)
+        decided = Decided(
+            revision=revision,
+            view=view,
+            ttl=plan.ttl if plan.cacheable else None,
+            root=root,
+            digest=digest,
+            shared=root != bytes(view.own_root),
+            event=admission_event(
+                view,
+                None,
+                (),
+                adm,
+                num_tokens=num_tokens,
+                cacheable=plan.cacheable,
+                ttl=plan.ttl,
+                requested_priority=None,
+                cached_tokens=0,
+            ),
+        )
+        if (
+            revision
+            and revision != UNKNOWN_REVISION
+            and adm.decision.error is None
+            and not plan.failed
+            and not isinstance(gov.policy.engine.engine, TimedRevision)
+        ):
+            if len(self._decided) >= _DECIDED_SIZE:
+                self._decided.clear()
+            self._decided[(id(scope), num_tokens)] = decided
+        return decided
 
     # ------------------------------------------------------------------ hits
 
@@ -563,6 +710,7 @@ class SglangGovernance:
                     pages[adm.reused : keep],
                     adm.seq_id,
                     granted,
+                    templates=self.reuse_templates,
                 )
                 adm.reused = keep
         except Exception:
@@ -586,8 +734,7 @@ class SglangGovernance:
         if new:
             ledger.owners.assign(new, scope)
             if ttl is not None:
-                ledger.deadlines.keyed(new, ttl)
-                ledger.deadlines.cached(new)
+                ledger.deadlines.keyed_cached(new, ttl)
 
     # ------------------------------------------------------------------ erasure
 
@@ -725,7 +872,13 @@ class SglangGovernance:
             self.gov.close()
 
 
-_NS_CACHE_SIZE = 65_536
+#: Scope digests kept, then emptied (a bound on memory).
+_DIGESTS_KEPT = 65_536
+#: Admissions kept (scope and prompt length: the admission policy's input), then emptied:
+#: a bound on memory (each holds its view and admission event, a few KiB at most).
+_DECIDED_SIZE = 4096
+#: Tree namespaces kept per admission (client extra_key and cache_salt), then emptied.
+_NAMESPACES_KEPT = 1024
 
 
 def _plain(value: object) -> bool:

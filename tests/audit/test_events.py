@@ -159,3 +159,99 @@ def test_details_depth_limit_counts_scalars_and_errors_name_the_path() -> None:
         AuditEvent(EventType.ADMISSION, details=deepest)
     with pytest.raises(InvalidAuditEvent, match=r"details\.state"):
         AuditEvent(EventType.ZEROIZATION, details={"bytes": 1, "state": "a\x00b"})
+
+
+_TEMPLATE_FIELDS: dict[str, object] = {
+    "tenant": "acme",
+    "requester_tenant": "acme",
+    "classification": "internal",
+    "model": "m",
+    "model_revision": "r1",
+    "tokenizer": "m",
+    "tokenizer_revision": "r1",
+    "template_version": "v1",
+    "token_count": 1024,
+    "reused_tokens": 0,
+    "decision_id": "d-1",
+    "policy_revision": "rev",
+    "details": {"cache": True, "ttl_seconds": 3600},
+}
+
+
+def test_a_derived_event_equals_the_event_built_whole() -> None:
+    """derive() replaces the request, blocks and counts; every other field is the source's."""
+    source = AuditEvent(EventType.REUSE, **_TEMPLATE_FIELDS)  # type: ignore[arg-type]
+    got = source.derive(sequence_id="req-7", block_ids=[3, 4, 5], reused_tokens=48)
+    given = {"sequence_id": "req-7", "block_ids": (3, 4, 5), "reused_tokens": 48}
+    whole = AuditEvent(EventType.REUSE, **{**_TEMPLATE_FIELDS, **given})  # type: ignore[arg-type]
+    assert got == whole and type(got) is AuditEvent
+    assert got.block_ids == (3, 4, 5) and type(got.block_ids) is tuple
+    assert source.sequence_id is None and source.block_ids == ()  # the source is unchanged
+    assert source.derive(token_count=None).token_count is None  # None is a value, not "keep"
+    assert source.derive(sequence_id="x").reused_tokens == 0  # not given: kept
+    with pytest.raises(AttributeError):  # as frozen as any event
+        got.tenant = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"sequence_id": "req\x00-1"}, "sequence_id"),
+        ({"sequence_id": "s" * 257}, "sequence_id"),
+        ({"sequence_id": "s\ud800"}, "sequence_id"),
+        ({"sequence_id": 7}, "sequence_id"),
+        ({"block_ids": (1, -1)}, "block_ids"),
+        ({"block_ids": (1.5,)}, "block_ids"),
+        ({"block_ids": (2**53,)}, "block_ids"),
+        ({"token_count": -1}, "token_count"),
+        ({"token_count": True}, "token_count"),
+        ({"reused_tokens": 2**53}, "reused_tokens"),
+        ({"reused_tokens": "12"}, "reused_tokens"),
+    ],
+)
+def test_a_derived_field_is_checked_as_at_construction(
+    change: dict[str, object], field: str
+) -> None:
+    """What derive() is given is refused by the rules of construction, naming the field."""
+    source = AuditEvent(EventType.ADMISSION, **_TEMPLATE_FIELDS)  # type: ignore[arg-type]
+    with pytest.raises(InvalidAuditEvent, match=field) as info:
+        source.derive(**change)  # type: ignore[arg-type]
+    assert info.value.field == field
+    with pytest.raises(InvalidAuditEvent, match=field):  # the same rule as a whole event
+        AuditEvent(EventType.ADMISSION, **{**_TEMPLATE_FIELDS, **change})  # type: ignore[arg-type]
+
+
+def test_a_derived_event_at_the_column_limit_is_accepted() -> None:
+    """The longest storable request id and Unicode ids pass derive() as they pass construction."""
+    source = AuditEvent(EventType.ADMISSION, tenant="acme")
+    assert source.derive(sequence_id="s" * 256).sequence_id == "s" * 256
+    assert source.derive(sequence_id="caf\u00e9").sequence_id == "caf\u00e9"
+
+
+def test_derived_events_seal_to_the_bytes_of_events_built_whole() -> None:
+    """The sealer reuses the details JSON of derived events (they share their source's);
+    the rows, hashes included, are those of the same events built whole, in any order
+    with events of other details or none."""
+    from kvgov.audit.chain import GENESIS_HASH
+    from kvgov.audit.sealer import Sealer
+    from kvgov.audit.signing import SigningKey
+
+    key = SigningKey.ephemeral()
+    source = AuditEvent(EventType.ADMISSION, **_TEMPLATE_FIELDS)  # type: ignore[arg-type]
+    other = AuditEvent(EventType.ADMISSION, tenant="acme", details={"cache": False})
+    plain = AuditEvent(EventType.REUSE, tenant="acme", block_ids=(1, 2))
+    derived = [source.derive(sequence_id="r1"), other, plain, source.derive(sequence_id="r2")]
+    derived.append(source.derive(sequence_id="r3"))
+    whole = [
+        AuditEvent(EventType.ADMISSION, **{**_TEMPLATE_FIELDS, "sequence_id": s})  # type: ignore[arg-type]
+        for s in ("r1", "r2", "r3")
+    ]
+    whole = [whole[0], other, plain, whole[1], whole[2]]
+    rows = []
+    for events in (derived, whole):
+        sealer = Sealer("w1", key, lambda: 1_700_000_000.0, 0, GENESIS_HASH, -1, 100, 60.0)
+        out: list[object] = []
+        sealer.seal([(1 + i, 7, e) for i, e in enumerate(events[:2])], out, [])  # type: ignore[arg-type]
+        sealer.seal([(3 + i, 7, e) for i, e in enumerate(events[2:])], out, [])  # type: ignore[arg-type]
+        rows.append(out)
+    assert rows[0] == rows[1]

@@ -139,6 +139,24 @@ def test_a_bad_ttl_is_refused(ttl: object) -> None:
     """A ttl that is negative or not a finite number raises InvalidArgument."""
     with pytest.raises(InvalidArgument):
         Deadlines(4, Clock()).keyed([0], ttl)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        Deadlines(4, Clock()).keyed_cached([0], ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [None, 0.0, 5.0])
+def test_keyed_cached_is_keyed_then_cached(ttl: float | None) -> None:
+    """A pool that caches blocks as they are keyed (SGLang's tree) records in one call what
+    keyed then cached record: the same deadlines, due at the same time."""
+    one, two = Clock(), Clock()
+    a, b = Deadlines(8, one), Deadlines(8, two)
+    one.now = two.now = 10.0
+    a.keyed_cached([1, 2, 5], ttl)
+    b.keyed([1, 2, 5], ttl)
+    b.cached([1, 2, 5])
+    assert [a.deadline(i) for i in range(8)] == [b.deadline(i) for i in range(8)]
+    a._check_invariants([1, 2, 5])
+    one.now = two.now = 10.0 + (ttl or 0.0)
+    assert a.due(one()) == b.due(two()) == ([] if ttl is None else [1, 2, 5])
 
 
 def test_the_invariant_check_finds_a_missing_deadline() -> None:

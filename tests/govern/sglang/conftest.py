@@ -4,7 +4,8 @@
 builds SGLang 0.5.23 for the CPU. In kvgov's own venv (``make test``) SGLang is absent by
 design, as vLLM is: those modules are not collected there (their ``sglang`` marker
 deselects them anyway; not collecting them keeps their imports of SGLang from being
-reported as skips). The SGLang-free tests (``test_namespace.py``) run in both.
+reported as skips). The SGLang-free tests (``test_namespace.py``, ``test_zeroer.py``) run
+in both.
 ``upstream/`` (SGLang's own tests, copied) is never collected here: ``make test-sglang``
 runs it stock and governed through ``suite/run_test_sglang.py``.
 """
@@ -16,5 +17,11 @@ import importlib.util
 collect_ignore = ["upstream"] + (
     []
     if importlib.util.find_spec("sglang") is not None
-    else ["test_differential.py", "test_erasure.py", "test_sharing.py", "test_zeroing.py"]
+    else [
+        "test_admission.py",
+        "test_differential.py",
+        "test_erasure.py",
+        "test_sharing.py",
+        "test_zeroing.py",
+    ]
 )

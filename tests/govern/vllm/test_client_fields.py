@@ -181,6 +181,32 @@ def test_without_require_a_defaulted_scope_needs_no_token() -> None:
     assert scope.tenant == "anon"
 
 
+@pytest.mark.parametrize(
+    ("default", "value"),
+    [
+        ("default_tenant", "anon\x00"),
+        ("default_classification", "\u202epublic"),
+        ("default_template", ""),
+    ],
+)
+def test_an_invalid_default_refuses_each_request_that_falls_back_on_it(
+    default: str, value: str
+) -> None:
+    """Defaults are checked once, when the resolver is built; one that is not a valid scope
+    field still refuses (InvalidScope) every request that relies on it, and only those."""
+    settings = BindingSettings(**{**DEFAULTS, default: value})
+    resolver = ScopeResolver(settings, ENGINE, None)
+    for _ in range(2):
+        with pytest.raises(InvalidScope):
+            resolver.resolve(None, None)
+    scope = resolver.resolve(XARGS, None)  # every field given: the default is not used
+    assert (scope.tenant, scope.classification, scope.template_version) == (
+        "acme",
+        "internal",
+        "sys-v3",
+    )
+
+
 SCOPE_ARGS = st.fixed_dictionaries(
     {},
     optional={
