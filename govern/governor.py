@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
+from kvgov.audit.events import checked_text, trusted_details, trusted_event
 from kvgov.exceptions import (
     InternalError,
     InvalidQuota,
@@ -313,23 +314,28 @@ class Governor:
         counters.queried_tokens += num_tokens
         counters.hit_tokens += cached_tokens
         decision = adm.decision
+        # the scope, the sequence id (checked when it came in), the blocks and counts
+        # are kvgov's; the decision's id, revision, reason, priority and TTL are the
+        # policy's, checked here by AuditEvent's rules
         self.audit.record(
-            AuditEvent(
-                type=EventType.ADMISSION,
-                **view.fields,
+            trusted_event(
+                EventType.ADMISSION,
+                view.values,
                 sequence_id=seq_id,
                 block_ids=tuple(block_ids),
                 token_count=num_tokens,
                 reused_tokens=cached_tokens,
-                decision_id=decision.decision_id,
-                policy_revision=decision.bundle_revision,
-                details={
-                    "cache": cacheable,
-                    "priority": adm.priority,
-                    "reason": adm.reason,
-                    "requested_priority": requested_priority,
-                    "ttl_seconds": ttl,
-                },
+                decision_id=checked_text("decision_id", decision.decision_id),
+                policy_revision=checked_text("policy_revision", decision.bundle_revision),
+                details=trusted_details(
+                    {
+                        "cache": cacheable,
+                        "priority": adm.priority,
+                        "reason": adm.reason,
+                        "requested_priority": requested_priority,
+                        "ttl_seconds": ttl,
+                    }
+                ),
             )
         )
 
@@ -377,11 +383,11 @@ class Governor:
             counters = self.ledger.counters[scope.tenant] if scope else self.ledger.unattributed
             counters.evictions[event.reason] += len(ids)
             self.audit.record(
-                AuditEvent(
-                    type=EventType.EVICTION,
-                    **(self.ledger.views.view(scope, admitted=True).fields if scope else {}),
+                trusted_event(
+                    EventType.EVICTION,
+                    self.ledger.views.view(scope, admitted=True).values if scope else None,
                     block_ids=tuple(ids),
-                    details={"reason": event.reason},
+                    details=trusted_details({"reason": event.reason}),
                 )
             )
 
@@ -400,11 +406,11 @@ class Governor:
             if event.state != "done":  # bytes in another process: see BlocksZeroized.state
                 details["state"] = event.state
             self.audit.record(
-                AuditEvent(
-                    type=EventType.ZEROIZATION,
+                trusted_event(
+                    EventType.ZEROIZATION,
                     tenant=scope.tenant if scope else None,
                     block_ids=tuple(ids),
-                    details=details,
+                    details=trusted_details(details),
                 )
             )
 

@@ -40,7 +40,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kvgov.audit import AuditEvent, EventType
+from kvgov.audit import EventType
+from kvgov.audit.events import trusted_details, trusted_event
 from kvgov.defaults import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
@@ -516,16 +517,18 @@ class VllmGovernance:
         bpb = self.pool.kvgov_bytes_per_block
         for owner, ids in done.values():
             self.gov.audit.record(
-                AuditEvent(
-                    type=EventType.ZEROIZATION,
+                trusted_event(  # vLLM's block ids, an owner scope's tenant, counts
+                    EventType.ZEROIZATION,
                     tenant=owner.tenant if owner is not None else None,
                     block_ids=tuple(sorted(ids)),
-                    details={
-                        "bytes": bpb * len(ids),
-                        "device": self.pool.kvgov_device,
-                        "state": "done",
-                        "steps": steps,
-                    },
+                    details=trusted_details(
+                        {
+                            "bytes": bpb * len(ids),
+                            "device": self.pool.kvgov_device,
+                            "state": "done",
+                            "steps": steps,
+                        }
+                    ),
                 )
             )
 
