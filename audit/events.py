@@ -28,6 +28,7 @@ __all__ = [
     "CRITICAL_EVENT_TYPES",
     "FIELDS",
     "FORBIDDEN_DETAIL_KEYS",
+    "OWN_REUSE_KEY",
     "RECORD_FIELDS",
     "AuditEvent",
     "CompactEvent",
@@ -139,6 +140,13 @@ FORBIDDEN_DETAIL_KEYS: Final[frozenset[str]] = frozenset(
         "messages",
     }
 )
+
+#: The ``details`` key of an ``admission`` event that also records the request's reuse of
+#: its own scope's cached blocks (``{"blocks": n, "reused_tokens": t}``: the first ``n`` of
+#: its ``block_ids``), where a ``reuse`` event would otherwise follow it. The compliance
+#: queries (:class:`kvgov.audit.AuditQueries`) list that reuse as its own ``reuse`` record
+#: and the admission without the key: the same answers as with two events.
+OWN_REUSE_KEY: Final = "own_reuse"
 
 _EVENT_TYPES: Final = frozenset(t.value for t in EventType)
 _MAX_DEPTH: Final = 16

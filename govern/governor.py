@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
-from kvgov.audit.events import checked_text, trusted_details, trusted_event
+from kvgov.audit.events import OWN_REUSE_KEY, checked_text, trusted_details, trusted_event
 from kvgov.exceptions import (
     InternalError,
     InvalidQuota,
@@ -307,13 +307,32 @@ class Governor:
         ttl: float | None,
         requested_priority: int | None,
         cached_tokens: int,
+        own_reuse: tuple[int, int] | None = None,
     ) -> None:
-        """Count the admission and write its audit event (every pool binding calls this)."""
+        """Count the admission and write its audit event (every pool binding calls this).
+
+        Args:
+            own_reuse: (blocks, reused tokens) of a reuse of the request's own scope's
+                cached blocks, its first ``blocks`` of ``block_ids``, that this event
+                records too (``details[OWN_REUSE_KEY]``) instead of a ``reuse`` event
+                after it; None: none, or audited apart (:func:`~.sharing.audit_reuse`).
+        """
         counters = self.ledger.counters[view.scope.tenant]
         counters.requests += 1
         counters.queried_tokens += num_tokens
         counters.hit_tokens += cached_tokens
         decision = adm.decision
+        details = trusted_details(
+            {
+                "cache": cacheable,
+                "priority": adm.priority,
+                "reason": adm.reason,
+                "requested_priority": requested_priority,
+                "ttl_seconds": ttl,
+            }
+        )
+        if own_reuse is not None:  # kvgov's counts
+            details[OWN_REUSE_KEY] = {"blocks": own_reuse[0], "reused_tokens": own_reuse[1]}
         # the scope, the sequence id (checked when it came in), the blocks and counts
         # are kvgov's; the decision's id, revision, reason, priority and TTL are the
         # policy's, checked here by AuditEvent's rules
@@ -327,15 +346,7 @@ class Governor:
                 reused_tokens=cached_tokens,
                 decision_id=checked_text("decision_id", decision.decision_id),
                 policy_revision=checked_text("policy_revision", decision.bundle_revision),
-                details=trusted_details(
-                    {
-                        "cache": cacheable,
-                        "priority": adm.priority,
-                        "reason": adm.reason,
-                        "requested_priority": requested_priority,
-                        "ttl_seconds": ttl,
-                    }
-                ),
+                details=details,
             )
         )
 

@@ -16,9 +16,14 @@ from tests.support.trusted import shadow_trusted_events
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.parametrize("fold", [True, False])
 def test_every_trusted_event_matches_the_checked_one(
-    vllm: Any, monkeypatch: pytest.MonkeyPatch
+    vllm: Any, monkeypatch: pytest.MonkeyPatch, fold: bool
 ) -> None:
+    """Both event layouts (own-scope reuse in the admission event, or its own event)."""
+    from kvgov.govern.vllm.binding import VllmGovernance
+
+    monkeypatch.setattr(VllmGovernance, "fold_own_reuse", fold)
     seen = shadow_trusted_events(monkeypatch, "kvgov.govern.vllm.binding")
     sched = vllm.scheduler(num_blocks=24)
     shared = [(7 * j) % 50_000 for j in range(70)]
@@ -29,6 +34,7 @@ def test_every_trusted_event_matches_the_checked_one(
             sched.kvgov_call("purge_tenant", "globex")
     vllm.run(sched)  # the idle engine's zeroing step
     sched.kvgov.gov.audit.flush()
-    assert {"admission", "reuse", "eviction", "zeroization"} <= set(seen)
+    assert {"admission", "eviction", "zeroization"} <= set(seen)
+    assert ("reuse" in seen) is not fold  # folded: every reuse here is a first, own-scope one
     states = {e.details.get("state") for e in vllm.events(sched, type="zeroization")}
     assert {"ordered", "done"} <= states
