@@ -93,6 +93,9 @@ _log = get_logger()
 
 #: The outcomes an admission's latency is counted under.
 ADMISSION_OUTCOMES = ("admitted", "denied", "error")
+#: Engine bindings' plans kept before the memo starts over (a bound on memory: a
+#: deployment has far fewer scopes).
+_MAX_PLANS = 4096
 
 
 class Governor:
@@ -144,6 +147,8 @@ class Governor:
         self.offload: Offloading | None = None
         #: How long admissions took, by outcome (kvgov_admission_duration_seconds).
         self.admission_latency = {o: LatencyHistogram() for o in ADMISSION_OUTCOMES}
+        # engine bindings' plans (no keys) by (scope, policy revision): see plan()
+        self._plans: dict[tuple[CacheScope, str], KeyPlan] = {}
 
     # ------------------------------------------------------------------ admission steps
 
@@ -271,9 +276,23 @@ class Governor:
     def plan(
         self, view: ScopeView, packed: bytes, cache: bool, public_prefix_tokens: int
     ) -> KeyPlan:
-        """The admission's geometry and, if it may be cached, its namespaces, retention and keys."""
+        """The admission's geometry and, if it may be cached, its namespaces, retention and keys.
+
+        An engine binding's plan (no tokens: the engine's hasher derives the keys) is the
+        same for every request of a scope while the policy's revision is: it is kept per
+        scope and revision (:meth:`~kvgov.policy.cache.CachedEngine.kept_revision`), as
+        the policy's own cache keeps the decisions it comes from, and shared read-only.
+        """
         if not cache:
             return unkeyed_plan(view, len(packed) // 4, self.block_size)
+        kept = None
+        if not packed and not public_prefix_tokens:
+            revision = self.policy.engine.kept_revision()
+            if revision is not None:
+                kept = (view.scope, revision)
+                hit = self._plans.get(kept)
+                if hit is not None:
+                    return hit
         plan = plan_keys(
             self.policy,
             self.ledger.views,
@@ -293,6 +312,10 @@ class Governor:
                     details={"reason": decision.error, "path": decision.path},
                 )
             )
+        if kept is not None and not plan.failed:  # a failed decision is asked again
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[kept] = plan
         return plan
 
     def record_admission(
