@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, String, cast, func, or_, select
 from sqlalchemy.engine import URL
 
 from kvgov.audit.events import FIELDS, MAX_COUNT, OWN_REUSE_KEY, EventType
@@ -550,7 +550,11 @@ class AuditQueries:
             AuditEventRow.tenant,
             AuditEventRow.block_ids,
             AuditEventRow.details,
-        ).where(AuditEventRow.type == _ADMISSION)
+        ).where(
+            AuditEventRow.type == _ADMISSION,
+            # the rows that can hold one, found by the database (JSON and JSONB as text)
+            cast(AuditEventRow.details, String).contains(f'"{OWN_REUSE_KEY}"', autoescape=True),
+        )
         if tenant is not None:
             stmt = stmt.where(AuditEventRow.tenant == tenant)
             folded = folded.where(AuditEventRow.tenant == tenant)
