@@ -30,12 +30,16 @@ __all__ = [
     "CRITICAL_EVENT_TYPES",
     "FIELDS",
     "FORBIDDEN_DETAIL_KEYS",
+    "OWN_REUSE_KEY",
     "RECORD_FIELDS",
     "AuditEvent",
     "CompactEvent",
     "EventType",
+    "checked_text",
     "event_from_record",
     "event_record",
+    "trusted_details",
+    "trusted_event",
 ]
 
 #: The scalar fields a caller gives after ``type``, in the order the chain hashes them
@@ -138,6 +142,13 @@ FORBIDDEN_DETAIL_KEYS: Final[frozenset[str]] = frozenset(
         "messages",
     }
 )
+
+#: The ``details`` key of an ``admission`` event that also records the request's reuse of
+#: its own scope's cached blocks (``{"blocks": n, "reused_tokens": t}``: the first ``n`` of
+#: its ``block_ids``), where a ``reuse`` event would otherwise follow it. The compliance
+#: queries (:class:`kvgov.audit.AuditQueries`) list that reuse as its own ``reuse`` record
+#: and the admission without the key: the same answers as with two events.
+OWN_REUSE_KEY: Final = "own_reuse"
 
 _EVENT_TYPES: Final = frozenset(t.value for t in EventType)
 #: ``AuditEvent.derive``'s "not given" (None is a value a field may take).
@@ -501,3 +512,167 @@ def event_from_record(record: tuple[Any, ...]) -> CompactEvent:
 
 
 assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts are one
+
+
+# ---------------------------------------------------------------------- trusted construction
+#
+# The governor writes a few events per request on the engine's scheduling thread, and
+# most of what AuditEvent checks there is kvgov's own data, typed and checked where it
+# came in: a CacheScope's fields (checked when the scope was built), a sequence id the
+# binding checked at admission, the pool's block ids, counts it computed, literal
+# detail keys. trusted_event builds the same AuditEvent from such values without the
+# checks (about 1 us against 8 to 11); what comes from outside kvgov's code at those
+# call sites (the policy engine's decision id, bundle revision, reason and TTL) still
+# goes through checked_text and trusted_details, which apply AuditEvent's own rules.
+# tests/audit/test_trusted_events.py holds the two paths to identical events.
+
+#: Each field's slot, written directly: a frozen dataclass's ``__setattr__`` refuses,
+#: the slot's descriptor does not (what ``object.__setattr__`` in ``__init__`` does).
+(
+    _SET_TYPE,
+    _SET_TENANT,
+    _SET_REQUESTER_TENANT,
+    _SET_CLASSIFICATION,
+    _SET_MODEL,
+    _SET_MODEL_REVISION,
+    _SET_ADAPTER,
+    _SET_ADAPTER_REVISION,
+    _SET_TOKENIZER,
+    _SET_TOKENIZER_REVISION,
+    _SET_TEMPLATE_VERSION,
+    _SET_SEQUENCE_ID,
+    _SET_BLOCK_IDS,
+    _SET_TOKEN_COUNT,
+    _SET_REUSED_TOKENS,
+    _SET_DECISION_ID,
+    _SET_POLICY_REVISION,
+    _SET_DETAILS,
+) = (AuditEvent.__dict__[name].__set__ for name in RECORD_FIELDS)
+_OBJECT_NEW: Final = object.__new__
+#: Each event type as the plain str AuditEvent stores (``str.__str__`` of the member).
+_PLAIN_TYPE: Final[dict[str, str]] = {t: str.__str__(t) for t in EventType}
+_NO_SCOPE: Final[tuple[None, ...]] = (None,) * len(SCOPE_FIELDS)
+
+
+def trusted_event(
+    type: EventType,
+    scope: tuple[str | None, ...] | None = None,
+    *,
+    tenant: str | None = None,
+    requester_tenant: str | None = None,
+    sequence_id: str | None = None,
+    block_ids: tuple[int, ...] = (),
+    token_count: int | None = None,
+    reused_tokens: int | None = None,
+    decision_id: str | None = None,
+    policy_revision: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """The :class:`AuditEvent` of values kvgov's own code made or already checked, unchecked.
+
+    For the governor's call sites on the serving path only. Every argument must be
+    what :class:`AuditEvent` would accept and keep as it is:
+
+    * ``scope``: the nine values of a :class:`kvgov.govern.CacheScope`, in
+      :data:`kvgov.schema.SCOPE_FIELDS` order (the scope checked them); or None, and
+      ``tenant`` alone (a tenant taken from such a scope);
+    * ``requester_tenant``, ``sequence_id``: a scope's tenant; a sequence id the
+      binding checked with :func:`kvgov.schema.text_problem` when it came in;
+    * ``block_ids``: a tuple of the pool's own block ids (plain ints from 0 up);
+    * ``token_count``, ``reused_tokens``: counts kvgov computed (ints from 0 up);
+    * ``decision_id``, ``policy_revision``: values :func:`checked_text` returned;
+    * ``details``: a new dict the caller will not touch again, that
+      :func:`trusted_details` returned (its keys literal in kvgov's code).
+
+    Anything else (a client's text, a policy's output) is checked first, or the
+    event is built with :class:`AuditEvent`.
+    """
+    ev: AuditEvent = _OBJECT_NEW(AuditEvent)
+    _SET_TYPE(ev, _PLAIN_TYPE[type])
+    (
+        scope_tenant,
+        classification,
+        model,
+        model_revision,
+        adapter,
+        adapter_revision,
+        tokenizer,
+        tokenizer_revision,
+        template_version,
+    ) = _NO_SCOPE if scope is None else scope
+    _SET_TENANT(ev, tenant if scope is None else scope_tenant)
+    _SET_REQUESTER_TENANT(ev, requester_tenant)
+    _SET_CLASSIFICATION(ev, classification)
+    _SET_MODEL(ev, model)
+    _SET_MODEL_REVISION(ev, model_revision)
+    _SET_ADAPTER(ev, adapter)
+    _SET_ADAPTER_REVISION(ev, adapter_revision)
+    _SET_TOKENIZER(ev, tokenizer)
+    _SET_TOKENIZER_REVISION(ev, tokenizer_revision)
+    _SET_TEMPLATE_VERSION(ev, template_version)
+    _SET_SEQUENCE_ID(ev, sequence_id)
+    _SET_BLOCK_IDS(ev, block_ids)
+    _SET_TOKEN_COUNT(ev, token_count)
+    _SET_REUSED_TOKENS(ev, reused_tokens)
+    _SET_DECISION_ID(ev, decision_id)
+    _SET_POLICY_REVISION(ev, policy_revision)
+    _SET_DETAILS(ev, {} if details is None else details)
+    return ev
+
+
+_FIELD_LIMIT: Final = dict(zip(_TEXT_FIELDS, _TEXT_LIMITS, strict=True))
+
+
+def checked_text(name: str, value: Any) -> Any:
+    """``value`` for the text field ``name`` of an event, checked as :class:`AuditEvent` checks it.
+
+    For a value from outside kvgov's code (a policy decision's id or bundle revision)
+    bound for :func:`trusted_event`.
+
+    Raises:
+        InvalidAuditEvent: the value is not a str or None, or the store would refuse
+            it (naming ``name``).
+    """
+    if value is None or (
+        type(value) is str
+        and len(value) <= _FIELD_LIMIT[name]
+        and value.isascii()
+        and "\x00" not in value
+    ):
+        return value
+    _check_str(name, value)
+    problem = text_problem(value, _FIELD_LIMIT[name])
+    if problem is not None:
+        raise InvalidAuditEvent(name, problem)
+    return value
+
+
+def trusted_details(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` as :class:`AuditEvent` would keep them, for :func:`trusted_event`.
+
+    ``details`` is a new dict whose keys are literals of kvgov's code; its values
+    may come from anywhere. Flat values AuditEvent keeps as they are (ASCII text
+    without NUL, integers within +-(2**53 - 1), booleans, None, finite floats) are
+    kept, an integral float within that range becomes its int in place (as AuditEvent
+    does); anything else takes AuditEvent's own path, which copies, checks and raises
+    as it would.
+
+    Raises:
+        InvalidAuditEvent: a value AuditEvent refuses.
+    """
+    for k, v in details.items():
+        t = type(v)
+        if t is str:
+            if v.isascii() and "\x00" not in v:
+                continue
+        elif t is int:
+            if -MAX_COUNT <= v <= MAX_COUNT:
+                continue
+        elif t is bool or v is None:
+            continue
+        elif t is float and math.isfinite(v):
+            if v.is_integer() and -MAX_COUNT <= v <= MAX_COUNT:
+                details[k] = int(v)  # a value replaced, no key added: safe while iterating
+            continue
+        return _clean_mapping(details, "details", 0)
+    return details

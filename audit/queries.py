@@ -3,21 +3,28 @@
 Every query returns small frozen :class:`AuditRecord` objects read by name. None of
 them can show token ids or text: the store has no column for them, and ``details``
 refuses such keys when an event is created.
+
+One stored row can be two records: an ``admission`` whose ``details`` carry
+:data:`~kvgov.audit.events.OWN_REUSE_KEY` (the vLLM binding writes the reuse of a
+request's own cached blocks into its admission event) is listed as that admission,
+without the key, followed by the ``reuse`` record the key describes, which carries
+the admission's event id, sequence number, time and hash (the row that holds it).
+Every query, count and export answers as if the reuse were a row of its own.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, String, cast, func, or_, select
 from sqlalchemy.engine import URL
 
-from kvgov.audit.events import FIELDS, EventType
+from kvgov.audit.events import FIELDS, MAX_COUNT, OWN_REUSE_KEY, EventType
 from kvgov.audit.models import DENIALS_WHERE, AuditCheckpoint, AuditEventRow
 from kvgov.audit.store import open_engine
 from kvgov.exceptions import InvalidTimeBound, MalformedAuditRow
@@ -243,9 +250,69 @@ def _record(r: Sequence[Any]) -> AuditRecord:
     return AuditRecord(event_id=f"{stream}:{seq}", time=_time(time_us), **d)
 
 
+_ADMISSION: Final = EventType.ADMISSION.value
+_REUSE: Final = EventType.REUSE.value
+
+
+def _own_reuse(event_id: str, num_blocks: int, details: dict[str, Any]) -> tuple[int, int] | None:
+    """The (blocks, reused tokens) of the reuse an admission's row also holds, or None.
+
+    Args:
+        event_id: the admission's id (for the error).
+        num_blocks: how many block ids it lists.
+        details: its details.
+
+    Raises:
+        MalformedAuditRow: the key is there but does not describe a reuse of the
+            admission's leading blocks.
+    """
+    fold = details.get(OWN_REUSE_KEY)
+    if fold is None:
+        return None
+    if type(fold) is dict and len(fold) == 2:
+        blocks, tokens = fold.get("blocks"), fold.get("reused_tokens")
+        if (
+            type(blocks) is int
+            and type(tokens) is int
+            and 0 < blocks <= num_blocks
+            and 0 <= tokens <= MAX_COUNT
+        ):
+            return blocks, tokens
+    raise MalformedAuditRow(
+        event_id, f"details.{OWN_REUSE_KEY} is not a reuse of its blocks: {fold!r:.60}"
+    )
+
+
+def _unfold(rec: AuditRecord) -> tuple[AuditRecord, ...]:
+    """The records one row stands for: itself, or an admission and the reuse it holds."""
+    fold = (
+        _own_reuse(rec.event_id, len(rec.block_ids), rec.details)
+        if rec.type == _ADMISSION
+        else None
+    )
+    if fold is None:
+        return (rec,)
+    details = {k: v for k, v in rec.details.items() if k != OWN_REUSE_KEY}
+    return (
+        replace(rec, details=details),
+        replace(  # as the reuse event the binding would have written after the admission
+            rec,
+            type=_REUSE,
+            requester_tenant=rec.tenant,
+            block_ids=rec.block_ids[: fold[0]],
+            token_count=None,
+            reused_tokens=fold[1],
+            decision_id=None,
+            policy_revision=None,
+            details={},
+        ),
+    )
+
+
 def _records(rows: Iterable[Sequence[Any]]) -> Iterator[AuditRecord]:
-    """The records of a result; a row the driver cannot decode (a JSON column holding
-    text that is not JSON) raises MalformedAuditRow naming the last event read."""
+    """The records of a result (a row holding an admission and its reuse is two, see the
+    module docstring); a row the driver cannot decode (a JSON column holding text that
+    is not JSON) raises MalformedAuditRow naming the last event read."""
     last = "the first event"
     it = iter(rows)
     while True:
@@ -257,7 +324,16 @@ def _records(rows: Iterable[Sequence[Any]]) -> Iterator[AuditRecord]:
             raise MalformedAuditRow(f"after {last}", f"a column does not decode: {exc}") from None
         rec = _record(r)
         last = rec.event_id
-        yield rec
+        yield from _unfold(rec)
+
+
+def _stored_types(types: Iterable[str]) -> list[str]:
+    """The stored event types whose rows can hold records of ``types`` (a reuse may be
+    held by an admission's row)."""
+    out = list(dict.fromkeys(types))
+    if _REUSE in out and _ADMISSION not in out:
+        out.append(_ADMISSION)
+    return out
 
 
 class AuditQueries:
@@ -297,9 +373,23 @@ class AuditQueries:
         with self._engine.connect() as conn:
             return conn.execute(select(AuditEventRow.seq).limit(1)).first() is None
 
-    def _run(self, stmt: Select[Any]) -> tuple[AuditRecord, ...]:
+    def _run(
+        self,
+        stmt: Select[Any],
+        keep: Callable[[AuditRecord], bool] | None = None,
+        limit: int | None = None,
+    ) -> tuple[AuditRecord, ...]:
+        """The records of ``stmt``, those ``keep`` accepts (all: None), at most ``limit``."""
+        out: list[AuditRecord] = []
+        if limit is not None and limit <= 0:
+            return ()
         with self._engine.connect() as conn:
-            return tuple(_records(conn.execute(stmt)))
+            for rec in _records(conn.execute(stmt)):
+                if keep is None or keep(rec):
+                    out.append(rec)
+                    if limit is not None and len(out) >= limit:
+                        break
+        return tuple(out)
 
     @staticmethod
     def _window(stmt: Select[Any], since: Any, until: Any) -> Select[Any]:
@@ -330,9 +420,11 @@ class AuditQueries:
             and under which policy.
         """
         stmt = select(*_SELECT_COLS).where(
-            AuditEventRow.tenant == tenant, AuditEventRow.type.in_(REUSE_TYPES)
+            AuditEventRow.tenant == tenant, AuditEventRow.type.in_(_stored_types(REUSE_TYPES))
         )
-        return self._run(self._ordered(self._window(stmt, since, until)))
+        return self._run(
+            self._ordered(self._window(stmt, since, until)), lambda r: r.type in REUSE_TYPES
+        )
 
     def event(self, event_id: str) -> AuditRecord | None:
         """One event by its id (``"<stream>:<seq>"``), or None when there is none.
@@ -401,7 +493,7 @@ class AuditQueries:
             The events, oldest first.
         """
         stmt = select(*_SELECT_COLS).where(AuditEventRow.policy_revision == policy_revision)
-        return self._run(self._ordered(stmt))
+        return self._run(self._ordered(stmt), lambda r: r.policy_revision == policy_revision)
 
     def events(
         self,
@@ -425,13 +517,14 @@ class AuditQueries:
         """
         stmt = select(*_SELECT_COLS)
         if type is not None:
-            stmt = stmt.where(AuditEventRow.type == type)
+            stmt = stmt.where(AuditEventRow.type.in_(_stored_types((type,))))
         if tenant is not None:
             stmt = stmt.where(AuditEventRow.tenant == tenant)
         stmt = self._ordered(self._window(stmt, since, until))
-        if limit is not None:
-            stmt = stmt.limit(limit)
-        return self._run(stmt)
+        if limit is not None and type != _REUSE:
+            # every row is at least one record of the type asked for: ``limit`` rows suffice
+            stmt = stmt.limit(max(limit, 0))
+        return self._run(stmt, None if type is None else lambda r: r.type == type, limit)
 
     def counts(self, by: str = "type", tenant: str | None = None) -> dict[str, int]:
         """Count events grouped by one column (to cross-check what a workload did).
@@ -451,10 +544,37 @@ class AuditQueries:
             raise ValueError(f"by must be one of {allowed}, got {by!r}")
         col = getattr(AuditEventRow, by)
         stmt = select(col, func.count()).group_by(col)
+        folded = select(
+            AuditEventRow.stream,
+            AuditEventRow.seq,
+            AuditEventRow.tenant,
+            AuditEventRow.block_ids,
+            AuditEventRow.details,
+        ).where(
+            AuditEventRow.type == _ADMISSION,
+            # the rows that can hold one, found by the database (JSON and JSONB as text)
+            cast(AuditEventRow.details, String).contains(f'"{OWN_REUSE_KEY}"', autoescape=True),
+        )
         if tenant is not None:
             stmt = stmt.where(AuditEventRow.tenant == tenant)
+            folded = folded.where(AuditEventRow.tenant == tenant)
         with self._engine.connect() as conn:
-            return {(k or ""): int(n) for k, n in conn.execute(stmt)}
+            counts = {(k or ""): int(n) for k, n in conn.execute(stmt)}
+            # the reuses admissions' rows hold count as the reuse rows they stand for
+            for stream, seq, owner, block_ids, details in conn.execute(folded):
+                if type(details) is not dict or OWN_REUSE_KEY not in details:
+                    continue
+                ids = block_ids if type(block_ids) is list else ()
+                _own_reuse(f"{stream}:{seq}", len(ids), details)  # its shape, or raise
+                value = {
+                    "type": _REUSE,
+                    "tenant": owner,
+                    "requester_tenant": owner,
+                    "stream": stream,
+                    "policy_revision": None,
+                }[by]
+                counts[value or ""] = counts.get(value or "", 0) + 1
+        return counts
 
     def checkpoints(self, stream: str | None = None) -> tuple[CheckpointInfo, ...]:
         """The latest checkpoint of every stream (or every checkpoint of one stream).
@@ -517,15 +637,18 @@ class AuditQueries:
             The records, in time, then ``(stream, seq)`` order.
         """
         stmt = select(*_SELECT_COLS)
-        if types is not None:
-            stmt = stmt.where(AuditEventRow.type.in_(list(types)))
+        wanted = None if types is None else frozenset(types)
+        if wanted is not None:
+            stmt = stmt.where(AuditEventRow.type.in_(_stored_types(wanted)))
         if tenant is not None:
             stmt = stmt.where(
                 or_(AuditEventRow.tenant == tenant, AuditEventRow.requester_tenant == tenant)
             )
         stmt = self._ordered(self._window(stmt, since, until))
         with self._engine.connect() as conn:
-            yield from _records(conn.execution_options(yield_per=batch).execute(stmt))
+            for rec in _records(conn.execution_options(yield_per=batch).execute(stmt)):
+                if wanted is None or rec.type in wanted:
+                    yield rec
 
     def export(self, out: TextIO, format: str = "jsonl") -> int:
         """Write every event to ``out`` as JSON Lines, one JSON array, or CSV (streamed).

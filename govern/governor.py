@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
+from kvgov.audit.events import OWN_REUSE_KEY, checked_text, trusted_details, trusted_event
 from kvgov.exceptions import (
     InternalError,
     InvalidQuota,
@@ -92,6 +93,9 @@ _log = get_logger()
 
 #: The outcomes an admission's latency is counted under.
 ADMISSION_OUTCOMES = ("admitted", "denied", "error")
+#: Engine bindings' plans kept before the memo starts over (a bound on memory: a
+#: deployment has far fewer scopes).
+_MAX_PLANS = 4096
 
 
 class Governor:
@@ -143,6 +147,8 @@ class Governor:
         self.offload: Offloading | None = None
         #: How long admissions took, by outcome (kvgov_admission_duration_seconds).
         self.admission_latency = {o: LatencyHistogram() for o in ADMISSION_OUTCOMES}
+        # engine bindings' plans (no keys) by (scope, policy revision): see plan()
+        self._plans: dict[tuple[CacheScope, str], KeyPlan] = {}
 
     # ------------------------------------------------------------------ admission steps
 
@@ -270,9 +276,23 @@ class Governor:
     def plan(
         self, view: ScopeView, packed: bytes, cache: bool, public_prefix_tokens: int
     ) -> KeyPlan:
-        """The admission's geometry and, if it may be cached, its namespaces, retention and keys."""
+        """The admission's geometry and, if it may be cached, its namespaces, retention and keys.
+
+        An engine binding's plan (no tokens: the engine's hasher derives the keys) is the
+        same for every request of a scope while the policy's revision is: it is kept per
+        scope and revision (:meth:`~kvgov.policy.cache.CachedEngine.kept_revision`), as
+        the policy's own cache keeps the decisions it comes from, and shared read-only.
+        """
         if not cache:
             return unkeyed_plan(view, len(packed) // 4, self.block_size)
+        kept = None
+        if not packed and not public_prefix_tokens:
+            revision = self.policy.engine.kept_revision()
+            if revision is not None:
+                kept = (view.scope, revision)
+                hit = self._plans.get(kept)
+                if hit is not None:
+                    return hit
         plan = plan_keys(
             self.policy,
             self.ledger.views,
@@ -292,6 +312,10 @@ class Governor:
                     details={"reason": decision.error, "path": decision.path},
                 )
             )
+        if kept is not None and not plan.failed:  # a failed decision is asked again
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[kept] = plan
         return plan
 
     def record_admission(
@@ -306,8 +330,16 @@ class Governor:
         ttl: float | None,
         requested_priority: int | None,
         cached_tokens: int,
+        own_reuse: tuple[int, int] | None = None,
     ) -> None:
-        """Count the admission and write its audit event (every pool binding calls this)."""
+        """Count the admission and write its audit event (every pool binding calls this).
+
+        Args:
+            own_reuse: (blocks, reused tokens) of a reuse of the request's own scope's
+                cached blocks, its first ``blocks`` of ``block_ids``, that this event
+                records too (``details[OWN_REUSE_KEY]``) instead of a ``reuse`` event
+                after it; None: none, or audited apart (:func:`~.sharing.audit_reuse`).
+        """
         self.count_admission(view.scope.tenant, num_tokens, cached_tokens)
         self.audit.record(
             admission_event(
@@ -320,6 +352,7 @@ class Governor:
                 ttl=ttl,
                 requested_priority=requested_priority,
                 cached_tokens=cached_tokens,
+                own_reuse=own_reuse,
             )
         )
 
@@ -378,11 +411,11 @@ class Governor:
             counters = self.ledger.counters[scope.tenant] if scope else self.ledger.unattributed
             counters.evictions[event.reason] += len(ids)
             self.audit.record(
-                AuditEvent(
-                    type=EventType.EVICTION,
-                    **(self.ledger.views.view(scope, admitted=True).fields if scope else {}),
+                trusted_event(
+                    EventType.EVICTION,
+                    self.ledger.views.view(scope, admitted=True).values if scope else None,
                     block_ids=tuple(ids),
-                    details={"reason": event.reason},
+                    details=trusted_details({"reason": event.reason}),
                 )
             )
 
@@ -401,11 +434,11 @@ class Governor:
             if event.state != "done":  # bytes in another process: see BlocksZeroized.state
                 details["state"] = event.state
             self.audit.record(
-                AuditEvent(
-                    type=EventType.ZEROIZATION,
+                trusted_event(
+                    EventType.ZEROIZATION,
                     tenant=scope.tenant if scope else None,
                     block_ids=tuple(ids),
-                    details=details,
+                    details=trusted_details(details),
                 )
             )
 
@@ -750,23 +783,35 @@ def admission_event(
     ttl: float | None,
     requested_priority: int | None,
     cached_tokens: int,
+    own_reuse: tuple[int, int] | None = None,
 ) -> AuditEvent:
-    """The ``admission`` event :meth:`Governor.record_admission` writes (built, not written)."""
+    """The ``admission`` event :meth:`Governor.record_admission` writes (built, not written).
+
+    The scope, the sequence id (checked when it came in), the blocks and counts are
+    kvgov's and go unchecked (:func:`~kvgov.audit.events.trusted_event`); the
+    decision's id, revision, reason, priority and TTL are the policy's, checked here
+    by ``AuditEvent``'s rules. ``own_reuse``: see :meth:`Governor.record_admission`.
+    """
     decision = adm.decision
-    return AuditEvent(
-        type=EventType.ADMISSION,
-        **view.fields,
-        sequence_id=seq_id,
-        block_ids=tuple(block_ids),
-        token_count=num_tokens,
-        reused_tokens=cached_tokens,
-        decision_id=decision.decision_id,
-        policy_revision=decision.bundle_revision,
-        details={
+    details = trusted_details(
+        {
             "cache": cacheable,
             "priority": adm.priority,
             "reason": adm.reason,
             "requested_priority": requested_priority,
             "ttl_seconds": ttl,
-        },
+        }
+    )
+    if own_reuse is not None:  # kvgov's counts
+        details[OWN_REUSE_KEY] = {"blocks": own_reuse[0], "reused_tokens": own_reuse[1]}
+    return trusted_event(
+        EventType.ADMISSION,
+        view.values,
+        sequence_id=seq_id,
+        block_ids=tuple(block_ids),
+        token_count=num_tokens,
+        reused_tokens=cached_tokens,
+        decision_id=checked_text("decision_id", decision.decision_id),
+        policy_revision=checked_text("policy_revision", decision.bundle_revision),
+        details=details,
     )

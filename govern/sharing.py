@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvgov.audit import AuditEvent, AuditLog, Deferred, EventType
+from kvgov.audit.events import trusted_event
 from kvgov.exceptions import InternalError
 from kvgov.policy import Decision, PolicyClient, SharingDecision
 
@@ -211,18 +212,20 @@ def audit_reuse(
                 )
             )
             continue
-        fields = {**ledger.views.view(owner, admitted=True).fields, "requester_tenant": requester}
+        owner_view = ledger.views.view(owner, admitted=True)
         if owner.tenant == requester:
-            audit.record(
-                AuditEvent(
-                    type=EventType.REUSE,
-                    **fields,
+            audit.record(  # kvgov's own values only: the scopes, the checked id, the blocks
+                trusted_event(
+                    EventType.REUSE,
+                    owner_view.values,
+                    requester_tenant=requester,
                     sequence_id=seq_id,
                     block_ids=tuple(ids),
                     reused_tokens=len(ids) * per_block,
                 )
             )
             continue
+        fields = {**owner_view.fields, "requester_tenant": requester}
         decision = next((d for (_, o), d in granted.items() if o == owner), None)
         if decision is None:
             raise InternalError(f"tenant {requester!r} reused blocks of {owner.tenant!r} unjudged")

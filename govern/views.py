@@ -34,12 +34,15 @@ class ScopeView:
             arguments.
         digest: the scope digest (every field but the tenant).
         own_root: the namespace root of the scope's tenant.
+        values: the values of ``fields``, in :data:`kvgov.schema.SCOPE_FIELDS` order
+            (the ``scope`` of :func:`kvgov.audit.events.trusted_event`).
     """
 
     scope: CacheScope
     fields: Mapping[str, Any]
     digest: ScopeDigest
     own_root: NamespaceRoot
+    values: tuple[str | None, ...]
 
 
 class ScopeViews:
@@ -88,11 +91,13 @@ class ScopeViews:
                 )
         if len(self._views) >= _MAX_VIEWS:
             self._views.clear()
+        fields = scope.as_dict()
         view = ScopeView(
             scope=scope,
-            fields=scope.as_dict(),
+            fields=fields,
             digest=scope_digest(scope),
             own_root=namespace_root("tenant", scope.tenant),
+            values=tuple(fields.values()),
         )
         self._views[scope] = view
         return view

@@ -145,6 +145,19 @@ class CachedEngine:
         """The engine's bundle revision."""
         return self._engine.bundle_revision
 
+    def kept_revision(self) -> str | None:
+        """The revision whose decisions this cache keeps until the revision changes, or
+        None when it keeps none that long (caching off, an unknown revision, or an engine
+        whose decisions expire: :class:`~kvgov.policy.engine.TimedRevision`).
+
+        What a caller may keep an answer derived from cached decisions under: it is as
+        fresh as the decisions themselves while the revision is this one.
+        """
+        revision = self._engine.bundle_revision
+        if self._timed is not None or not self._maxsize or not revision:
+            return None
+        return None if revision == UNKNOWN_REVISION else revision
+
     def evaluate(
         self, path: str, input: Mapping[str, Any], *, key: Hashable | None = None
     ) -> Decision:

@@ -10,7 +10,8 @@ here at each point of a request's life::
       lookup           judge_hit  a hit on another tenant's blocks (share group) is
                                   judged by the sharing policy and cut where refused
       allocate_slots   allocated  owners of new blocks; ADMISSION (first time), REUSE /
-                                  CROSS_TENANT_REUSE from the hit vLLM committed
+                                  CROSS_TENANT_REUSE from the hit vLLM committed (a first
+                                  hit on its own scope's blocks: in the ADMISSION event)
       vLLM caches      (pool)     retention of newly cached blocks (_keyed)
       output built     zero_orders  the ids that left an owner, for this step's workers
     update_from_output step_returned  "done" for the zeroing that step carried (coalesced)
@@ -40,7 +41,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kvgov.audit import AuditEvent, EventType
+from kvgov.audit import EventType
+from kvgov.audit.events import trusted_details, trusted_event
 from kvgov.defaults import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
@@ -83,6 +85,13 @@ _log = logging.getLogger("kvgov.vllm")
 class VllmGovernance:
     """One engine's governance: the governor, vLLM's pool and the scope resolver.
 
+    ``fold_own_reuse`` (True) is the audit trail's event layout: a request's first
+    allocation that reuses only its own scope's cached blocks writes one
+    ``admission`` event that records the reuse too (``details.own_reuse``, listed
+    by every compliance query as its own ``reuse`` record), not an admission and a
+    ``reuse``; False writes both events (the layout before; the equivalence test
+    replays a workload under each).
+
     Build it with :meth:`open` (the scheduler does); the constructor takes
     ready parts (tests).
 
@@ -93,6 +102,9 @@ class VllmGovernance:
         block_size: tokens per block (vLLM's block size, equal to its hash block size).
         lookahead: tokens after each block its hash covers (EAGLE/MTP lookahead hashing).
     """
+
+    #: The event layout (see the class docstring).
+    fold_own_reuse: bool = True
 
     def __init__(
         self,
@@ -340,7 +352,9 @@ class VllmGovernance:
         """vLLM gave the request ``new_blocks`` and committed the hit ``hit_blocks``.
 
         Records the owner of the new blocks; audits the admission the first time and
-        every committed reuse (the owner and requester tenants, tokens reused).
+        every committed reuse (the owner and requester tenants, tokens reused): in the
+        admission event when it is the first and of the request's own scope only
+        (``fold_own_reuse``), else in REUSE / CROSS_TENANT_REUSE events.
 
         Args:
             request: vLLM's request.
@@ -361,6 +375,13 @@ class VllmGovernance:
         hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
         if not state.admitted:
             state.admitted = True
+            # a reuse of the request's own scope's blocks (one owner: its scope) goes in
+            # the admission event (OWN_REUSE_KEY), which the queries list as both
+            own = None
+            if hit_ids and self.fold_own_reuse:
+                groups = gov.ledger.owners.group(hit_ids)
+                if len(groups) == 1 and groups[0][0] == state.view.scope:
+                    own = (len(hit_ids), len(hit_ids) * self.block_size)
             # written when vLLM first gives the request blocks, so it names the blocks and
             # the reused tokens vLLM committed; the decision was made at add_request
             gov.record_admission(
@@ -373,7 +394,10 @@ class VllmGovernance:
                 ttl=state.plan.ttl,
                 requested_priority=state.requested_priority,
                 cached_tokens=len(hit_ids) * self.block_size if hit_tokens is None else hit_tokens,
+                own_reuse=own,
             )
+            if own is not None:
+                return
         if hit_ids:
             sharing.audit_reuse(
                 gov.ledger,
@@ -516,16 +540,18 @@ class VllmGovernance:
         bpb = self.pool.kvgov_bytes_per_block
         for owner, ids in done.values():
             self.gov.audit.record(
-                AuditEvent(
-                    type=EventType.ZEROIZATION,
+                trusted_event(  # vLLM's block ids, an owner scope's tenant, counts
+                    EventType.ZEROIZATION,
                     tenant=owner.tenant if owner is not None else None,
                     block_ids=tuple(sorted(ids)),
-                    details={
-                        "bytes": bpb * len(ids),
-                        "device": self.pool.kvgov_device,
-                        "state": "done",
-                        "steps": steps,
-                    },
+                    details=trusted_details(
+                        {
+                            "bytes": bpb * len(ids),
+                            "device": self.pool.kvgov_device,
+                            "state": "done",
+                            "steps": steps,
+                        }
+                    ),
                 )
             )
 

@@ -245,3 +245,39 @@ def test_clear_and_close() -> None:
     c.clear()
     assert c.stats().size == 0 and c.stats().misses == 1
     c.close()
+
+
+class TimedCountingEngine(CountingEngine):
+    """A CountingEngine whose revision is trusted only for a while (as OPA server's)."""
+
+    revision_ttl = 10.0
+
+    def now(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize(
+    ("make", "revision", "kept"),
+    [
+        (lambda e: CachedEngine(e), "r1", "r1"),
+        (lambda e: CachedEngine(e, maxsize=0), "r1", None),  # caching off
+        (lambda e: CachedEngine(e), "", None),
+        (lambda e: CachedEngine(e), "unknown", None),
+    ],
+)
+def test_kept_revision_is_the_one_decisions_are_kept_under(
+    make: Any, revision: str, kept: str | None
+) -> None:
+    """What a caller may keep derived answers under: none where the cache keeps none."""
+    from kvgov.policy.engine import UNKNOWN_REVISION
+
+    inner = CountingEngine()
+    inner.bundle_revision = UNKNOWN_REVISION if revision == "unknown" else revision
+    assert make(inner).kept_revision() == kept
+
+
+def test_no_kept_revision_where_decisions_expire() -> None:
+    """An engine whose revision is trusted only for a while: nothing is kept past it."""
+    timed = CachedEngine(TimedCountingEngine())
+    assert timed.evaluate(PATH, {"n": 1}) is not None
+    assert timed.kept_revision() is None
