@@ -548,7 +548,6 @@ assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts a
     _SET_POLICY_REVISION,
     _SET_DETAILS,
 ) = (AuditEvent.__dict__[name].__set__ for name in RECORD_FIELDS)
-_OBJECT_NEW: Final = object.__new__
 #: Each event type as the plain str AuditEvent stores (``str.__str__`` of the member).
 _PLAIN_TYPE: Final[dict[str, str]] = {t: str.__str__(t) for t in EventType}
 _NO_SCOPE: Final[tuple[None, ...]] = (None,) * len(SCOPE_FIELDS)
