@@ -10,7 +10,12 @@ locks, evictions and checkpoints); what changes:
   (match, insert, checkpoint) lies in the namespace kvgov chose; a key whose
   ``extra_key`` kvgov did not issue matches nothing and is inserted in a
   namespace of its own;
-* the pages the tree takes are recorded as owned by the request's scope;
+* the pages the tree takes are recorded as owned by the scope of the request that
+  inserts them (``checkpoint(req)``, SGLang's scheduler's insert), never guessed
+  from the namespace: in a share group's namespace several tenants' scopes meet. A
+  bare ``insert`` (a key, no request) is attributed only where the namespace has
+  one possible owner (one scope admitted into it), and refused
+  (:class:`~kvgov.exceptions.InvalidArgument`, the tree untouched) where it has more;
 * a hit (``match_prefix`` with its ``req``) is audited as reused; in a share
   group's namespace each owner of another tenant is judged by the sharing policy
   and the hit cut at the first refused page (SGLang matches again up to there);
@@ -43,7 +48,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from kvgov.defaults import UNVERSIONED
-from kvgov.exceptions import UnsupportedEngine
+from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, revision_of
@@ -63,6 +68,8 @@ _UNSCOPED = NAMESPACE_PREFIX + "unscoped"
 #: The prefix of a namespace of its own (a refused request's, an unissued key's insert).
 _PRIVATE = NAMESPACE_PREFIX + "private:"
 _ADMITTED = "_kvgov_admitted"
+#: A namespace's owner where more than one scope was admitted into it (a share group's).
+_SEVERAL: tuple[CacheScope | None, float | None] = (None, None)
 
 
 class GovernedUnifiedRadixCache(UnifiedRadixCache):
@@ -99,8 +106,11 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             engine=self.kvgov_engine,
             environ=dict(os.environ if self.kvgov_environ is None else self.kvgov_environ),
         )
-        # namespace -> scope and retention of the requests admitted into it
-        self.kvgov_namespaces: dict[str, tuple[CacheScope, float | None]] = {}
+        # live namespace -> scope and retention of the requests admitted into it, while
+        # one scope was; _SEVERAL once several were (a share group's: no one owner)
+        self.kvgov_namespaces: dict[str, tuple[CacheScope | None, float | None]] = {}
+        #: the admission of the request whose checkpoint is inserting now (None: none)
+        self.kvgov_inserting: Admitted | None = None
         fence.govern_allocator(allocator, self.kvgov.zeroer.release, self.kvgov.zeroer.flush)
         self.kvgov.adapter.evict_unlocked = self.kvgov_evict_unlocked
         self.kvgov.on_retired = self.kvgov_retire
@@ -114,8 +124,13 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             return adm.namespace
         adm = self.kvgov.admit(req)
         ns = adm.namespace
-        if adm.scope is not None:
-            self.kvgov_namespaces[ns] = (adm.scope, adm.ttl)
+        scope = adm.scope
+        if scope is not None:
+            known = self.kvgov_namespaces.get(ns)
+            if known is None or known[0] is scope or (known[0] is not None and known[0] == scope):
+                self.kvgov_namespaces[ns] = (scope, adm.ttl)
+            else:  # another scope's namespace too (a share group's): owners come per insert
+                self.kvgov_namespaces[ns] = _SEVERAL
         req.extra_key = ns
         req.cache_salt = None
         setattr(req, _ADMITTED, adm)
@@ -179,15 +194,50 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         self.kvgov_admit(req)
-        super().checkpoint(req, up_to=up_to, **kwargs)
+        outer = self.kvgov_inserting
+        # the pages its inserts add are this request's (see _kvgov_owner)
+        self.kvgov_inserting = getattr(req, _ADMITTED)
+        try:
+            super().checkpoint(req, up_to=up_to, **kwargs)
+        finally:
+            self.kvgov_inserting = outer
+
+    def _kvgov_owner(self, ns: Any) -> tuple[CacheScope, float | None] | None:
+        """Scope and retention of the pages an insert into ``ns`` adds (None: no owner).
+
+        The inserting request's (inside its ``checkpoint``); without one, the
+        namespace's one possible owner. A namespace kvgov does not hold live (a
+        private or retired one) has none.
+
+        Raises:
+            InvalidArgument: no inserting request in a namespace several scopes were
+                admitted into, or an inserting request whose own namespace is not
+                ``ns``: the owner would be a guess.
+        """
+        known = self.kvgov_namespaces.get(ns)
+        if known is None:
+            return None
+        adm = self.kvgov_inserting
+        if adm is not None and adm.namespace == ns and adm.scope is not None:
+            return adm.scope, adm.ttl
+        scope, ttl = known
+        if adm is None and scope is not None:
+            return scope, ttl
+        raise InvalidArgument(
+            "key.extra_key",
+            ns,
+            "pages inserted into a namespace without the request that owns them "
+            "(several scopes share it, or it is not the inserting request's): "
+            "insert through checkpoint(req)",
+        )
 
     def insert(self, params: InsertParams) -> InsertResult:
         key = params.key
         if key is None:
             return super().insert(params)
         params.key = key = self._kvgov_key(key, key.extra_key, inserting=True)
+        owner = self._kvgov_owner(key.extra_key)  # before the tree takes anything
         result = super().insert(params)
-        owner = self.kvgov_namespaces.get(key.extra_key)
         value = params.value
         if owner is not None and isinstance(value, torch.Tensor):
             # the pages past the matched prefix (already owned) are the request's new ones;

@@ -21,6 +21,7 @@ collect_ignore = ["upstream"] + (
         "test_admission.py",
         "test_differential.py",
         "test_erasure.py",
+        "test_ownership.py",
         "test_sharing.py",
         "test_zeroing.py",
     ]

@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from kvgov.audit.queries import AuditQueries  # noqa: E402
 from kvgov.audit.verify import verify  # noqa: E402
 
-from .test_differential import PAGE, _build, _drive, _req  # noqa: E402
+from .test_differential import PAGE, _build, _drive, _drive_checkpoint, _req  # noqa: E402
 
 
 def _groups(*publishers: str) -> dict[str, Any]:
@@ -92,8 +92,10 @@ def test_a_refused_owner_cuts_the_hit_at_its_first_page(tmp_path: Path) -> None:
         head = _prompt(1000, 20 * PAGE)
         tail = head + _prompt(9000, 4 * PAGE)
         longer = tail + _prompt(20_000, 2 * PAGE)
-        _drive(cache, alloc, kv, [_public(0, "clinic", head)])  # clinic owns 20 pages
-        _drive(cache, alloc, kv, [_public(1, "bank", tail)])  # bank reuses them, adds 4
+        # as SGLang's scheduler inserts: through checkpoint(req), so each page added to
+        # the group's namespace is the inserting request's
+        _drive_checkpoint(cache, alloc, kv, [_public(0, "clinic", head)])  # clinic owns 20 pages
+        _drive_checkpoint(cache, alloc, kv, [_public(1, "bank", tail)])  # bank reuses, adds 4
         owners = cache.kvgov.gov.ledger.owners
         assert len(owners.of_tenant("bank")) == 4 and len(owners.of_tenant("clinic")) == 20
         whole = _match(cache, _public(2, "clinic", longer))
