@@ -164,6 +164,30 @@ def _none_left(left: dict[str, list[int]]) -> bool:
     return not any(left.values())
 
 
+#: the window models' engines (``test_hybrid.py``, ``test_window_only.py``): a small pool,
+#: so a few distinct prompts evict, and a sliding-window checkpoint cached every 128
+#: tokens (vLLM's ``prefix_cache_retention_interval``; its default, 0, keeps almost none)
+WINDOW_BLOCKS = 61
+WINDOW_RETENTION = 128
+
+
+@contextmanager
+def windowed_engines(model: Path, audit_url: str, kinds: list[str]) -> Iterator[GroupEngines]:
+    """Stock and governed ``LLM`` on a window model, read per group (``kinds``)."""
+
+    def start(governed: bool) -> Any:
+        return start_llm(
+            model,
+            governed,
+            {"audit_url": audit_url, "model_revision": "r1"},
+            prefix_cache_retention_interval=WINDOW_RETENTION,
+            num_gpu_blocks_override=WINDOW_BLOCKS,
+        )
+
+    with engine_pair(start) as pair:
+        yield GroupEngines(*pair, kinds)
+
+
 class GroupEngines(Engines):
     """A model of several KV cache groups: the remnants and what a reset leaves, read per
     group (by its spec's kind, ``kinds`` in vLLM's order)."""
@@ -205,3 +229,23 @@ class GroupEngines(Engines):
         print(f"after reset_prefix_cache, blocks holding KV per group: {counts}")
         assert all(stock[kind] for kind in self.kinds), "control: stock leaves KV in every group"
         assert governed == {kind: [] for kind in self.kinds}, "governed: every group reads zero"
+
+    def check_no_kv_crosses_tenants(self, text: str) -> None:
+        """The same prompt from acme, globex, acme: stock serves globex acme's KV (the
+        control), governed serves it nothing; acme's second request hits its own as on
+        stock; nothing is left in a block without an owner."""
+        from vllm_cpu_env import BLOCK_SIZE
+
+        hits = {
+            name: [
+                self.generate(name, text, "acme"),
+                self.generate(name, text, "globex"),
+                self.generate(name, text, "acme"),
+            ]
+            for name in self.by_name
+        }
+        print(f"\ncached tokens acme, globex, acme: {hits}")
+        assert hits["stock"][1] > 2 * BLOCK_SIZE, "control: stock serves globex acme's KV"
+        assert hits["governed"][1] == 0
+        assert hits["governed"][2] == hits["stock"][2] > 0
+        assert self.remnants() == {kind: [] for kind in self.kinds}

@@ -26,18 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from vllm_cpu_env import BLOCK_SIZE, prompt
 
+from .conftest import WINDOW_BLOCKS, windowed_engines
 from .conftest import GroupEngines as Engines
-from .conftest import engine_pair, start_llm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
-NUM_BLOCKS = 61  # small: a few distinct prompts evict
-RETENTION = 128  # tokens between the sliding-window checkpoints vLLM keeps cached
 KINDS = ["SlidingWindowSpec", "FullAttentionSpec"]  # the model's groups, in vLLM's order
 
 
@@ -50,21 +47,11 @@ def hybrid_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _start(model: Path, governed: bool, audit_url: str) -> Any:
-    return start_llm(
-        model,
-        governed,
-        {"audit_url": audit_url, "model_revision": "r1"},
-        prefix_cache_retention_interval=RETENTION,
-        num_gpu_blocks_override=NUM_BLOCKS,
-    )
-
-
 @pytest.fixture(scope="module")
 def engines(hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     audit_url = f"sqlite:///{tmp_path_factory.mktemp('hybrid') / 'audit.db'}"
-    with engine_pair(lambda governed: _start(hybrid_model, governed, audit_url)) as pair:
-        yield Engines(*pair, KINDS)
+    with windowed_engines(hybrid_model, audit_url, KINDS) as engines:
+        yield engines
 
 
 def test_two_groups_one_pool(engines: Engines) -> None:
@@ -72,7 +59,7 @@ def test_two_groups_one_pool(engines: Engines) -> None:
     layer of both, so a block id is one group's at a time."""
     for name in engines.by_name:
         state = engines.kv(name)
-        assert state["num_blocks"] == NUM_BLOCKS
+        assert state["num_blocks"] == WINDOW_BLOCKS
         assert [g["kind"] for g in state["groups"]] == KINDS, state["groups"]
         sliding, full = state["groups"]
         assert len(sliding["layers"]) == len(full["layers"]) == 2
@@ -83,20 +70,7 @@ def test_no_kv_crosses_tenants_in_any_group(engines: Engines) -> None:
     """The same prompt, longer than the window, from two tenants: stock serves the second
     one the first one's KV (both groups' blocks), governed serves it nothing; the first
     tenant's second request hits its own."""
-    text = prompt("hybrid shared", 200)
-    hits = {
-        name: [
-            engines.generate(name, text, "acme"),
-            engines.generate(name, text, "globex"),
-            engines.generate(name, text, "acme"),
-        ]
-        for name in engines.by_name
-    }
-    print(f"\ncached tokens acme, globex, acme: {hits}")
-    assert hits["stock"][1] > 2 * BLOCK_SIZE, "control: stock serves globex acme's KV"
-    assert hits["governed"][1] == 0
-    assert hits["governed"][2] == hits["stock"][2] > 0
-    assert engines.remnants() == {kind: [] for kind in KINDS}
+    engines.check_no_kv_crosses_tenants(prompt("hybrid shared", 200))
 
 
 def test_window_slide_leaves_no_kv_behind(engines: Engines) -> None:

@@ -18,17 +18,14 @@ model of ``test_hybrid.py`` with the 64-token window on all four layers
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from vllm_cpu_env import BLOCK_SIZE, prompt
+from vllm_cpu_env import prompt
 
-from .conftest import GroupEngines, engine_pair, start_llm
+from .conftest import GroupEngines, windowed_engines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_e2e]
 
-NUM_BLOCKS = 61
-RETENTION = 128  # tokens between the sliding-window checkpoints vLLM keeps cached
 KINDS = ["SlidingWindowSpec"]  # one group: no full-attention layer
 
 
@@ -40,17 +37,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GroupEngines]:
     vllm_cpu_tiny_model.write_hybrid(str(model), window_only=True)
     audit_url = f"sqlite:///{tmp_path_factory.mktemp('windows') / 'audit.db'}"
 
-    def start(governed: bool) -> Any:
-        return start_llm(
-            model,
-            governed,
-            {"audit_url": audit_url, "model_revision": "r1"},
-            prefix_cache_retention_interval=RETENTION,
-            num_gpu_blocks_override=NUM_BLOCKS,
-        )
-
-    with engine_pair(start) as pair:
-        yield GroupEngines(*pair, KINDS)
+    with windowed_engines(model, audit_url, KINDS) as engines:
+        yield engines
 
 
 def test_one_window_group_and_no_full_attention(engines: GroupEngines) -> None:
@@ -60,19 +48,7 @@ def test_one_window_group_and_no_full_attention(engines: GroupEngines) -> None:
 
 
 def test_no_kv_crosses_tenants_and_a_slid_window_leaves_none(engines: GroupEngines) -> None:
-    text = prompt("windows shared", 200)
-    hits = {
-        name: [
-            engines.generate(name, text, "acme"),
-            engines.generate(name, text, "globex"),
-            engines.generate(name, text, "acme"),
-        ]
-        for name in engines.by_name
-    }
-    print(f"\ncached tokens acme, globex, acme: {hits}")
-    assert hits["stock"][1] > 2 * BLOCK_SIZE, "control: stock serves globex acme's KV"
-    assert hits["governed"][1] == 0
-    assert hits["governed"][2] == hits["stock"][2] > 0
+    engines.check_no_kv_crosses_tenants(prompt("windows shared", 200))
     for name in engines.by_name:  # 350 tokens: the window drops blocks mid-request
         engines.generate(name, prompt("windows slide", 100), "slider", max_tokens=250)
     assert engines.remnants() == {kind: [] for kind in KINDS}
