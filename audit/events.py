@@ -153,7 +153,6 @@ OWN_REUSE_KEY: Final = "own_reuse"
 _EVENT_TYPES: Final = frozenset(t.value for t in EventType)
 #: ``AuditEvent.derive``'s "not given" (None is a value a field may take).
 _KEEP: Final[Any] = object()
-_SEQUENCE_LIMIT: Final = TEXT_LIMITS["sequence_id"]
 _OBJECT_NEW: Final = object.__new__
 _MAX_DEPTH: Final = 16
 
@@ -401,17 +400,7 @@ class AuditEvent:
         """
         values = list(event_record(self))
         if sequence_id is not _KEEP:
-            if sequence_id is not None and not (
-                type(sequence_id) is str
-                and sequence_id.isascii()
-                and "\x00" not in sequence_id
-                and len(sequence_id) <= _SEQUENCE_LIMIT
-            ):
-                _check_str("sequence_id", sequence_id)
-                problem = text_problem(sequence_id, _SEQUENCE_LIMIT)
-                if problem is not None:
-                    raise InvalidAuditEvent("sequence_id", problem)
-            values[_SEQUENCE_AT] = sequence_id
+            values[_SEQUENCE_AT] = checked_text("sequence_id", sequence_id)
         if block_ids is not _KEEP:
             values[_BLOCKS_AT] = _checked_block_ids(block_ids)
         if token_count is not _KEEP:
@@ -526,8 +515,8 @@ assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts a
 # goes through checked_text and trusted_details, which apply AuditEvent's own rules.
 # tests/audit/test_trusted_events.py holds the two paths to identical events.
 
-#: Each field's slot, written directly: a frozen dataclass's ``__setattr__`` refuses,
-#: the slot's descriptor does not (what ``object.__setattr__`` in ``__init__`` does).
+#: Each field's slot setter by name (the frozen dataclass's ``__setattr__`` refuses,
+#: the slot's descriptor does not: what ``object.__setattr__`` in ``__init__`` does).
 (
     _SET_TYPE,
     _SET_TENANT,
@@ -547,7 +536,7 @@ assert tuple(CompactEvent.__annotations__) == RECORD_FIELDS  # the two layouts a
     _SET_DECISION_ID,
     _SET_POLICY_REVISION,
     _SET_DETAILS,
-) = (AuditEvent.__dict__[name].__set__ for name in RECORD_FIELDS)
+) = _SLOT_SETTERS
 #: Each event type as the plain str AuditEvent stores (``str.__str__`` of the member).
 _PLAIN_TYPE: Final[dict[str, str]] = {t: str.__str__(t) for t in EventType}
 _NO_SCOPE: Final[tuple[None, ...]] = (None,) * len(SCOPE_FIELDS)
