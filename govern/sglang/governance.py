@@ -48,7 +48,6 @@ from kvgov.exceptions import (
     UnknownBlock,
     UnsupportedEngine,
 )
-from kvgov.policy.engine import UNKNOWN_REVISION, TimedRevision
 
 from .. import sharing
 from ..assemble import open_parts
@@ -608,8 +607,10 @@ class SglangGovernance:
 
         The outcome is kept (:attr:`_decided`) under the policy revision it was made
         under, when that revision covers everything it read: an allowed admission,
-        every decision without an error, a revision an in-process engine vouches for
-        (not empty, not unknown, not an OPA server's timed one). A later request of the
+        every decision without an error, a revision whose decisions the policy's cache
+        keeps until it changes (``CachedEngine.kept_revision``, as the governor's plans
+        are kept: not empty, not unknown, not an OPA server's timed one, the cache on).
+        A later request of the
         same scope and length under the same revision is admitted from it: the same
         decisions, as the policy's decision cache would give them, with no policy
         input built. A refusal or a failed decision is never kept (each request asks
@@ -621,7 +622,7 @@ class SglangGovernance:
         gov = self.gov
         # read before deciding: a decision made as the policy changes is kept under the
         # older revision, so the next request misses and decides again
-        revision = gov.policy.bundle_revision
+        revision = gov.policy.engine.kept_revision()
         view = gov.admission_view(scope, seq_id, num_tokens)
         adm = gov.decide(view, seq_id, num_tokens, None)
         plan = gov.plan(view, b"", bool(adm.cache), 0)
@@ -632,7 +633,7 @@ class SglangGovernance:
             digest = self._digests[scope] = bytes(scope_digest(scope))
         root = bytes(plan.root)
         decided = Decided(
-            revision=revision,
+            revision=revision or "",
             view=view,
             ttl=plan.ttl if plan.cacheable else None,
             root=root,
@@ -650,13 +651,9 @@ class SglangGovernance:
                 cached_tokens=0,
             ),
         )
-        if (
-            revision
-            and revision != UNKNOWN_REVISION
-            and adm.decision.error is None
-            and not plan.failed
-            and not isinstance(gov.policy.engine.engine, TimedRevision)
-        ):
+        # kept only under a revision whose decisions the policy's cache itself keeps
+        # until it changes (not an OPA server's timed ones, an unknown or empty one)
+        if revision is not None and adm.decision.error is None and not plan.failed:
             if len(self._decided) >= _DECIDED_SIZE:
                 self._decided.clear()
             self._decided[(id(scope), num_tokens)] = decided
