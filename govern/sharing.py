@@ -35,7 +35,7 @@ from .ledger import Ledger
 from .scope import CacheScope
 from .views import ScopeView
 
-__all__ = ["HitVerdict", "ReuseTemplates", "audit_reuse", "judge", "judge_hits"]
+__all__ = ["HitVerdict", "audit_reuse", "judge", "judge_hits"]
 
 
 @dataclass(slots=True)
@@ -178,7 +178,6 @@ def audit_reuse(
     seq_id: str,
     granted: dict[tuple[CacheScope, CacheScope], Decision],
     deferred: list[Deferred] | None = None,
-    templates: ReuseTemplates | None = None,
 ) -> None:
     """Audit a reuse: one REUSE (own tenant) or CROSS_TENANT_REUSE event per owner scope.
 
@@ -191,9 +190,6 @@ def audit_reuse(
         seq_id: the requesting sequence.
         granted: :attr:`HitVerdict.granted` of that judgement.
         deferred: as for :func:`judge` (a cross-tenant reuse is critical).
-        templates: a binding's cache of REUSE events per owner scope: each own-tenant
-            REUSE event is derived from its owner's (``AuditEvent.derive``: the
-            request, its blocks and tokens), the same event as built whole.
 
     Raises:
         InternalError: a reused block has no owner, or another tenant's block was
@@ -205,13 +201,6 @@ def audit_reuse(
     for owner, ids in ledger.owners.group(reused_ids):
         if owner is None:
             raise InternalError(f"reused blocks {list(ids)[:8]} have no owner")
-        if owner.tenant == requester and templates is not None:
-            audit.record(
-                templates.event(owner, ledger).derive(
-                    sequence_id=seq_id, block_ids=ids, reused_tokens=len(ids) * per_block
-                )
-            )
-            continue
         owner_view = ledger.views.view(owner, admitted=True)
         if owner.tenant == requester:
             audit.record(  # kvgov's own values only: the scopes, the checked id, the blocks
@@ -243,39 +232,6 @@ def audit_reuse(
             ),
             deferred,
         )
-
-
-class ReuseTemplates:
-    """The REUSE event of each owner scope's own-tenant reuse, built once, for ``derive``.
-
-    An event's fields but the request, its blocks and its tokens are a function of the
-    owner scope alone (its fields, its tenant as the requester), so one validated
-    event per owner serves every reuse of its blocks by its own tenant. Keyed by the
-    owner object's identity (a binding's blocks of one admission hold one scope
-    object), each entry keeping that object alive; at most ``limit`` owners, then
-    emptied. Used under the governor's lock, as :func:`audit_reuse` is.
-    """
-
-    __slots__ = ("_events", "_limit")
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._events: dict[int, tuple[CacheScope, AuditEvent]] = {}
-        self._limit = limit
-
-    def event(self, owner: CacheScope, ledger: Ledger) -> AuditEvent:
-        """The owner's REUSE event without request, blocks or tokens."""
-        entry = self._events.get(id(owner))
-        if entry is not None and entry[0] is owner:
-            return entry[1]
-        event = AuditEvent(
-            type=EventType.REUSE,
-            **ledger.views.view(owner, admitted=True).fields,
-            requester_tenant=owner.tenant,
-        )
-        if len(self._events) >= self._limit:
-            self._events.clear()
-        self._events[id(owner)] = (owner, event)
-        return event
 
 
 def _critical(audit: AuditLog, event: AuditEvent, deferred: list[Deferred] | None) -> None:

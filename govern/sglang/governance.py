@@ -438,7 +438,6 @@ class SglangGovernance:
         self._decided: dict[tuple[int, int], Decided] = {}
         self._digests: dict[CacheScope, bytes] = {}
         #: the REUSE event of each owner scope, derived per reuse (see judge_hit)
-        self.reuse_templates = sharing.ReuseTemplates()
         # namespace root -> generation: an erasure moves every namespace it retires to
         # the next one, so pages a running request still holds there are never found again
         self._generation: dict[bytes, int] = {}
@@ -707,7 +706,6 @@ class SglangGovernance:
                     pages[adm.reused : keep],
                     adm.seq_id,
                     granted,
-                    templates=self.reuse_templates,
                 )
                 adm.reused = keep
         except Exception:
