@@ -122,17 +122,7 @@ class EvictionQueue:
         out: list[int] = []
         levels = self._levels
         while len(out) < n:
-            priority = min(levels)
-            q = levels[priority]
-            take = min(n - len(out), len(q))
-            if take == len(q):
-                out.extend(q)
-                del levels[priority]
-            else:
-                head = list(islice(q, take))
-                for b in head:
-                    del q[b]
-                out.extend(head)
+            _take_oldest(levels, min(levels), n - len(out), out)
         self._size -= n
         return out
 
@@ -195,18 +185,25 @@ class EvictionQueue:
             priority = min(levels)
             if priority == top:
                 break
-            q = levels[priority]
-            take = n - len(low)
-            if take >= len(q):
-                low.extend(q)
-                del levels[priority]
-            else:
-                head = list(islice(q, take))
-                for b in head:
-                    del q[b]
-                low.extend(head)
+            _take_oldest(levels, priority, n - len(low), low)
         self._size -= len(low)
         out = [(PRIORITY, low)] if low else []
         if len(low) < n:
             out.append((CAPACITY, self.pop(n - len(low))))
         return out
+
+
+def _take_oldest(
+    levels: dict[int, OrderedDict[int, None]], priority: int, want: int, out: list[int]
+) -> None:
+    """Move up to ``want`` of level ``priority``'s blocks, oldest first, into ``out``; a
+    level emptied is dropped."""
+    q = levels[priority]
+    if want >= len(q):
+        out.extend(q)
+        del levels[priority]
+    else:
+        head = list(islice(q, want))
+        for b in head:
+            del q[b]
+        out.extend(head)
