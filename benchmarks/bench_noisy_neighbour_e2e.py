@@ -360,21 +360,13 @@ def build_servers(
         for stale in work.glob(f"{audit.name}*"):  # the database, its WAL and its run files
             stale.unlink()
         out.append(
-            Server(
+            Server.signed(
                 v,
                 python,
                 model,
                 work / f"{v}.log",
-                True,
-                kvgov={
-                    "audit_url": f"sqlite:///{audit}",
-                    "require_scope_token": True,
-                    "policy_data": data,
-                },
-                env={
-                    "KVGOV_KEY_SECRET": secrets.token_hex(32),
-                    "KVGOV_SCOPE_TOKEN_KEY": token_key,
-                },
+                token_key,
+                kvgov={"audit_url": f"sqlite:///{audit}", "policy_data": data},
                 num_blocks=s.num_blocks,
             )
         )

@@ -220,14 +220,8 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     model = ensure_model(python, REPO / ".bench" / "tiny-opt")
     token_key = secrets.token_hex(32)
     stock = Server("stock", python, model, work / "stock.log", governed=False)
-    governed = Server(
-        "governed",
-        python,
-        model,
-        work / "governed.log",
-        governed=True,
-        kvgov={"audit_url": audit_url, "require_scope_token": True},
-        env={"KVGOV_KEY_SECRET": secrets.token_hex(32), "KVGOV_SCOPE_TOKEN_KEY": token_key},
+    governed = Server.signed(
+        "governed", python, model, work / "governed.log", token_key, kvgov={"audit_url": audit_url}
     )
     requests = workload(n)
     chunks = [requests[j * n // TURNS : (j + 1) * n // TURNS] for j in range(TURNS)]

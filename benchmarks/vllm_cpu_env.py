@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -163,6 +164,17 @@ class Server:
     extra_args: list[str] = field(default_factory=list)  # more ``vllm serve`` arguments
     proc: subprocess.Popen[bytes] | None = None
     started_s: float = 0.0
+
+    @classmethod
+    def signed(
+        cls, name: str, python: Path, model: Path, log: Path, token_key: str, **more: Any
+    ) -> Server:
+        """A governed server that requires a signed scope token (``token_key``: the front
+        end's key), its cache-key secret fresh; ``more["kvgov"]`` adds to its kvgov
+        settings, the rest are the dataclass's fields."""
+        kvgov = {"require_scope_token": True, **more.pop("kvgov", {})}
+        env = {"KVGOV_KEY_SECRET": secrets.token_hex(32), "KVGOV_SCOPE_TOKEN_KEY": token_key}
+        return cls(name, python, model, log, True, kvgov=kvgov, env=env, **more)
 
     @property
     def base_url(self) -> str:

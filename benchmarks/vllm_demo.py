@@ -95,15 +95,14 @@ def run(work: Path) -> int:
     token_key = secrets.token_hex(32)
     python = Path(sys.executable)
     stock = Server("stock", python, model, work / "stock.log", governed=False, kv_probe=True)
-    governed = Server(
+    governed = Server.signed(
         "governed",
         python,
         model,
         work / "governed.log",
-        governed=True,
+        token_key,
         kv_probe=True,
-        kvgov={"audit_url": audit_url, "require_scope_token": True, "model_revision": "demo"},
-        env={"KVGOV_KEY_SECRET": secrets.token_hex(32), "KVGOV_SCOPE_TOKEN_KEY": token_key},
+        kvgov={"audit_url": audit_url, "model_revision": "demo"},
     )
     servers = {"stock": stock, "governed": governed}
     print("starting stock and governed vLLM servers (a start takes 1-2 min on a laptop CPU)")
