@@ -32,9 +32,11 @@ locks, evictions and checkpoints); what changes:
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -46,6 +48,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.mem_cache.utils import get_storage_hash_str
 
 from kvgov.defaults import UNVERSIONED
 from kvgov.exceptions import InvalidArgument, UnsupportedEngine
@@ -54,14 +57,20 @@ from ..scope import CacheScope
 from ..scope_resolver import EngineScope, revision_of
 from . import fence
 from .governance import Admitted, SglangGovernance
+from .host_pool import HostPoolZeroer
 from .keys import NAMESPACE_PREFIX
+from .storage import BACKEND, GovernedHiCacheStorage, StorageOwner
 
 __all__ = [
     "GovernedUnifiedRadixCache",
     "check_engine",
+    "check_hicache",
     "check_params",
+    "hicache_backend_problem",
     "kvgov_radix_cache_factory",
 ]
+
+_log = logging.getLogger("kvgov.sglang")
 
 #: The namespace of keys kvgov did not issue, for matching: nothing is ever inserted there.
 _UNSCOPED = NAMESPACE_PREFIX + "unscoped"
@@ -70,6 +79,8 @@ _PRIVATE = NAMESPACE_PREFIX + "private:"
 _ADMITTED = "_kvgov_admitted"
 #: A namespace's owner where more than one scope was admitted into it (a share group's).
 _SEVERAL: tuple[CacheScope | None, float | None] = (None, None)
+#: L3 owners kept per namespace (see kvgov_storage_owner), then emptied.
+_OWNERS_KEPT = 4096
 
 
 class GovernedUnifiedRadixCache(UnifiedRadixCache):
@@ -111,6 +122,10 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         self.kvgov_namespaces: dict[str, tuple[CacheScope | None, float | None]] = {}
         #: the admission of the request whose checkpoint is inserting now (None: none)
         self.kvgov_inserting: Admitted | None = None
+        #: kvgov's HiCache L3 backend, once HiCache is on (None: no HiCache)
+        self.kvgov_storage: GovernedHiCacheStorage | None = None
+        # namespace -> (policy revision, its L3 owner or None): see kvgov_storage_owner
+        self.kvgov_owners: dict[str, tuple[str, StorageOwner | None]] = {}
         fence.govern_allocator(allocator, self.kvgov.zeroer.release, self.kvgov.zeroer.flush)
         self.kvgov.adapter.evict_unlocked = self.kvgov_evict_unlocked
         self.kvgov.on_retired = self.kvgov_retire
@@ -250,12 +265,188 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         return result
 
     def init_hicache(self, server_args: Any, params: Any) -> None:
-        """Refused: HiCache's host and storage tiers would keep KV in plaintext.
+        """HiCache, governed: refused unless its L3 backend is kvgov's (:func:`check_hicache`).
+
+        SGLang builds its host pool, controller and storage backend; then every host
+        page freed is zeroed before the host allocator hands it out again
+        (:func:`fence.govern_host_pool`), and the storage backend, which must be a
+        :class:`~kvgov.govern.sglang.storage.GovernedHiCacheStorage`, gets this cache's
+        governance. Anything else is torn down and refused.
 
         Raises:
-            UnsupportedEngine: always.
+            UnsupportedEngine: no L3 backend, or another one than kvgov's, or a host
+                pool kvgov cannot zero.
         """
-        raise UnsupportedEngine(_HICACHE, "run without --enable-hierarchical-cache")
+        check_hicache(server_args)
+        super().init_hicache(server_args, params)
+        try:
+            self.kvgov_govern_hicache()
+        except BaseException:
+            self.kvgov_drop_hicache()
+            raise
+
+    def kvgov_govern_hicache(self) -> None:
+        """Zero the host pool's freed pages; attach the governance to kvgov's L3 backend."""
+        controller = self.cache_controller
+        if controller is None:
+            return
+        zero = self.kvgov.host_zeroed
+        for pool in _host_pools(controller):
+            fence.govern_host_pool(pool, HostPoolZeroer(pool, zero))
+        backend = fence.storage_backend_of(controller)
+        if backend is None:
+            raise UnsupportedEngine(_HICACHE_NO_L3, _HICACHE_USE)
+        if not isinstance(backend, GovernedHiCacheStorage):
+            raise UnsupportedEngine(
+                f"HiCache's L3 storage backend {type(backend).__name__} ({_PLAINTEXT_L3})",
+                _HICACHE_USE,
+            )
+        backend.kvgov_attach(self.kvgov)
+        self.kvgov_storage = backend
+
+    def kvgov_drop_hicache(self) -> None:
+        """Stop what SGLang's HiCache started (a refused start): storage threads, backend."""
+        self.kvgov_storage = None
+        try:
+            self.shutdown()
+        except Exception:
+            _log.exception("kvgov: stopping a refused HiCache failed")
+
+    def attach_storage_backend(
+        self,
+        storage_backend: str,
+        storage_backend_extra_config_json: str | None = None,
+        served_model_name: str | None = None,
+        hicache_storage_prefetch_policy: str | None = None,
+        hicache_write_policy: str | None = None,
+    ) -> tuple[bool, str]:
+        """SGLang's runtime attach: refused (False, why) unless the backend is kvgov's."""
+        why = hicache_backend_problem(storage_backend, storage_backend_extra_config_json)
+        if why is not None:
+            return False, f"kvgov refuses {why}: {_HICACHE_USE}"
+        ok, msg = super().attach_storage_backend(
+            storage_backend,
+            storage_backend_extra_config_json,
+            served_model_name,
+            hicache_storage_prefetch_policy,
+            hicache_write_policy,
+        )
+        if not ok:
+            return ok, msg
+        try:
+            self.kvgov_govern_hicache()
+        except UnsupportedEngine as exc:
+            self.detach_storage_backend()
+            return False, str(exc)
+        return ok, msg
+
+    def detach_storage_backend(self) -> tuple[bool, str]:
+        self.kvgov_storage = None
+        ok, msg = super().detach_storage_backend()
+        return bool(ok), str(msg)
+
+    # ------------------------------------------------------------------ L3 page names
+
+    def kvgov_storage_owner(self, ns: Any) -> StorageOwner | None:
+        """The L3 owner of namespace ``ns``'s pages (None: none may be stored or found).
+
+        A namespace one scope was admitted into (a tenant's own): that scope, if the
+        offload policy allows it a tier. A share group's (several scopes: the owner of
+        a page would be a guess), a private, retired or unknown one: None.
+        """
+        backend = self.kvgov_storage
+        known = self.kvgov_namespaces.get(ns)
+        if backend is None or known is None or known[0] is None:
+            return None
+        scope, ttl = known
+        if scope is None:
+            return None
+        revision = self.kvgov.gov.policy.bundle_revision
+        kept = self.kvgov_owners.get(ns)
+        if kept is not None and kept[0] == revision:
+            return kept[1]
+        view = self.kvgov.gov.ledger.views.view(scope, admitted=True)
+        owner = backend.owner_of(view, ttl)
+        if len(self.kvgov_owners) >= _OWNERS_KEPT:
+            self.kvgov_owners.clear()
+        self.kvgov_owners[ns] = (revision, owner)
+        return owner
+
+    def kvgov_storage_bind(
+        self, token_ids: Any, extra_key: Any, cache_salt: Any, last_hash: str | None = None
+    ) -> list[str]:
+        """Bind the L3 page names SGLang derives for these tokens to their owner.
+
+        The names are SGLang's (``get_storage_hash_str`` over the page-aligned tokens
+        in the namespace, continuing ``last_hash``), as its controller derives them
+        for a storage query or prefetch; bound only where the namespace has an owner
+        (:meth:`kvgov_storage_owner`). Returns the names bound (empty: none).
+        """
+        owner = self.kvgov_storage_owner(extra_key)
+        backend = self.kvgov_storage
+        if owner is None or backend is None:
+            return []
+        key = RadixKey(
+            token_ids, extra_key, is_bigram=bool(self.tree_core.is_eagle), cache_salt=cache_salt
+        ).page_aligned(self.page_size)
+        if not len(key):
+            return []
+        names = get_storage_hash_str(key, last_hash, page_size=self.page_size)
+        names = [names] if isinstance(names, str) else list(names)
+        backend.bind(names, owner)
+        return names
+
+    def query_storage_hit_length(
+        self,
+        last_host_node_id: Any,
+        new_input_tokens: Any,
+        last_hash: str | None = None,
+        prefix_keys: list[str] | None = None,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        if self.enable_storage:
+            self.kvgov_storage_bind(new_input_tokens, extra_key, cache_salt, last_hash)
+        return int(
+            super().query_storage_hit_length(
+                last_host_node_id, new_input_tokens, last_hash, prefix_keys, extra_key, cache_salt
+            )
+        )
+
+    def prefetch_from_storage(
+        self,
+        request: Any,
+        last_host_node_id: Any,
+        new_input_tokens: Any,
+        last_hash: str | None = None,
+        prefix_keys: list[str] | None = None,
+        matched_prefix_tokens: Any = None,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        storage_hit_end: int | None = None,
+    ) -> bool | None:
+        if self.enable_storage:
+            self.kvgov_storage_bind(new_input_tokens, extra_key, cache_salt, last_hash)
+        result: bool | None = super().prefetch_from_storage(
+            request,
+            last_host_node_id,
+            new_input_tokens,
+            last_hash,
+            prefix_keys,
+            matched_prefix_tokens,
+            extra_key,
+            cache_salt,
+            storage_hit_end,
+        )
+        return result
+
+    def write_backup_storage(self, node_id: Any) -> None:
+        if self.enable_storage and self.kvgov_storage is not None:
+            ns, _salt = self.tree_core.prefetch_anchor_info(node_id)
+            owner = self.kvgov_storage_owner(ns)
+            if owner is not None:
+                self.kvgov_storage.bind(list(self.tree_core.get_hash_values(node_id)), owner)
+        super().write_backup_storage(node_id)
 
     def reset(self) -> None:
         super().reset()
@@ -270,14 +461,20 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         tokens evicted.
         """
         size = int(self.evictable_size())
-        if size <= 0:
-            return 0
-        return int(self.evict(EvictParams(num_tokens=size)).num_tokens_evicted)
+        evicted = 0
+        if size > 0:
+            evicted = int(self.evict(EvictParams(num_tokens=size)).num_tokens_evicted)
+        controller = self.cache_controller
+        if controller is not None:  # HiCache: the host copies too (zeroed as freed)
+            for pool in _host_pools(controller):
+                self.evict_host(int(pool.size))
+        return evicted
 
     def kvgov_retire(self, namespaces: set[str]) -> None:
         """Forget namespaces an erasure retired: their keys match nothing from now on."""
         for ns in namespaces:
             self.kvgov_namespaces.pop(ns, None)
+            self.kvgov_owners.pop(ns, None)
 
     def kvgov_close(self) -> None:
         """Zero what is pending and close the audit trail."""
@@ -303,10 +500,102 @@ def _kv_buffers(kv: Any) -> list[torch.Tensor]:
     return buffers
 
 
-_HICACHE = (
-    "HiCache (--enable-hierarchical-cache): SGLang's host and storage tiers keep "
-    "plaintext KV and its storage backends name pages by unkeyed hashes"
+_PLAINTEXT_L3 = (
+    "SGLang's storage backends write plaintext pages under unkeyed SHA-256 names of "
+    "their token ids, and purge cannot reach them"
 )
+_HICACHE_NO_L3 = (
+    "HiCache (--enable-hierarchical-cache) without kvgov's L3 storage backend: every page "
+    "it offloads must leave sealed under its tenant's data key"
+)
+_HICACHE_USE = (
+    "select kvgov's encrypted tier: --hicache-storage-backend dynamic "
+    '--hicache-storage-backend-extra-config \'{"backend_name": "kvgov", '
+    '"module_path": "kvgov.govern.sglang.storage", "class_name": "GovernedHiCacheStorage", '
+    '"kvgov": {...}}\' (docs/sglang.md), or run without --enable-hierarchical-cache'
+)
+#: kvgov's backend, as SGLang's dynamic entry names it
+_MODULE = "kvgov.govern.sglang.storage"
+_CLASS = "GovernedHiCacheStorage"
+
+
+def _extra_config(raw: Any) -> Mapping[str, Any] | None:
+    """SGLang's storage extra config (a JSON string, a mapping or None); None if unreadable."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, Mapping):
+        return raw
+    if isinstance(raw, str) and not raw.startswith("@"):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+        return value if isinstance(value, Mapping) else None
+    return None  # a config file (@path): read by SGLang; judged by the built backend
+
+
+def hicache_backend_problem(backend: Any, extra_config: Any) -> str | None:
+    """Why an L3 backend selection is not kvgov's (None: it is).
+
+    kvgov's is SGLang's ``dynamic`` entry naming ``backend_name`` ``kvgov``, module
+    ``kvgov.govern.sglang.storage`` and class ``GovernedHiCacheStorage``, or the name
+    ``kvgov`` registered with SGLang's factory. A config file (``@path``) is judged when
+    the backend is built (the governed cache checks the object's class).
+    """
+    if backend is None or backend == "":
+        return "HiCache without an L3 storage backend (host memory alone is refused)"
+    if backend == BACKEND:
+        return None
+    if backend != "dynamic":
+        return f"the HiCache L3 storage backend {backend!r} ({_PLAINTEXT_L3})"
+    if isinstance(extra_config, str) and extra_config.startswith("@"):
+        return None
+    config = _extra_config(extra_config)
+    if config is None:
+        return "a HiCache dynamic storage backend whose extra config is not a JSON object"
+    named = (config.get("backend_name"), config.get("module_path"), config.get("class_name"))
+    if named != (BACKEND, _MODULE, _CLASS):
+        return (
+            f"the HiCache dynamic storage backend {named[0]!r} ({named[1]}.{named[2]}: "
+            f"{_PLAINTEXT_L3})"
+        )
+    return None
+
+
+def check_hicache(server_args: Any) -> None:
+    """Refuse HiCache unless its L3 storage backend is kvgov's (before anything is built).
+
+    Raises:
+        UnsupportedEngine: HiCache (or SGLang's host-pool retraction backup, which builds
+            its host pool) without an L3 backend, or with another backend than kvgov's.
+    """
+    sources: list[Any] = [server_args]
+    try:  # what SGLang's init_hicache reads, once its scheduler published its settings
+        from sglang.srt.runtime_context import get_memory
+
+        sources.append(get_memory())
+    except Exception:  # not published (a cache built outside a scheduler)
+        pass
+    for source in sources:
+        why = hicache_backend_problem(
+            getattr(source, "hicache_storage_backend", None),
+            getattr(source, "hicache_storage_backend_extra_config", None),
+        )
+        if why is not None:
+            raise UnsupportedEngine(why, _HICACHE_USE)
+
+
+def _host_pools(controller: Any) -> Iterator[Any]:
+    """The HiCache controller's host pools (a pool group's entries each), each once."""
+    seen: set[int] = set()
+    pools = [getattr(controller, "mem_pool_host", None)]
+    pools.append(getattr(controller, "storage_host_pool", None))
+    for pool in pools:
+        entries = getattr(pool, "entries", None)
+        for one in [e.host_pool for e in entries] if entries is not None else [pool]:
+            if one is not None and id(one) not in seen:
+                seen.add(id(one))
+                yield one
 
 
 def check_params(params: Any) -> None:
@@ -341,12 +630,12 @@ def check_engine(ctx: Any) -> None:
     """Refuse, at start, what would let KV or token ids leave ungoverned.
 
     Raises:
-        UnsupportedEngine: HiCache (host or storage tiers: kvgov's encrypted tier is not
-            yet registered as an SGLang storage backend, and SGLang writes plaintext
-            pages), KV cache events (they publish cached token ids), a hybrid model.
+        UnsupportedEngine: HiCache whose L3 storage backend is not kvgov's encrypted
+            tier (:func:`check_hicache`: none, or another one, refused by name), KV cache
+            events (they publish cached token ids), a hybrid model.
     """
     if getattr(ctx, "enable_hierarchical_cache", False):
-        raise UnsupportedEngine(_HICACHE, "run without --enable-hierarchical-cache")
+        check_hicache(ctx.server_args)
     check_params(ctx.params)
     if getattr(ctx, "is_hybrid_swa", False) or getattr(ctx, "is_hybrid_ssm", False):
         raise UnsupportedEngine("a hybrid (SWA or Mamba) model", "serve a full-attention model")

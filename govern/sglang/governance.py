@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -449,6 +450,11 @@ class SglangGovernance:
         self._sweep_interval = SWEEP_INTERVAL
         self.sweep_interval = sweep_interval
         self._last_sweep = -math.inf
+        # HiCache host pages zeroed and not yet audited: pages, bytes, seconds (any thread)
+        self._host_lock = threading.Lock()
+        self._host_pending: list[float] = [0, 0, 0.0]
+        #: HiCache host-pool pages zeroed so far
+        self.host_pages_zeroed = 0
 
     @classmethod
     def open(
@@ -856,6 +862,43 @@ class SglangGovernance:
                 )
             )
 
+    def host_zeroed(self, pages: int, nbytes: int, seconds: float) -> None:
+        """HiCache host pages were just zeroed (the host pool took them back).
+
+        Counted now; audited (``zeroization``, ``details.device`` ``"host"``) per batch
+        of :data:`ZERO_AUDIT_BATCH` pages and at close. Host pages have no owner in the
+        ledger (it names device pages), so the events name no tenant. Thread-safe.
+        """
+        with self._host_lock:
+            pending = self._host_pending
+            pending[0] += pages
+            pending[1] += nbytes
+            pending[2] += seconds
+            self.host_pages_zeroed += pages
+            due = pending[0] >= ZERO_AUDIT_BATCH
+        if due:
+            self.audit_host_zeroized()
+
+    def audit_host_zeroized(self) -> None:
+        """Write the ``zeroization`` event of the host pages zeroed since the last call."""
+        with self._host_lock:
+            pages, nbytes, seconds = self._host_pending
+            self._host_pending = [0, 0, 0.0]
+        if not pages:
+            return
+        self.gov.audit.record(
+            AuditEvent(
+                type=EventType.ZEROIZATION,
+                details={
+                    "bytes": int(nbytes),
+                    "device": "host",
+                    "pages": int(pages),
+                    "pool": "hicache_host",
+                    "seconds": seconds,
+                },
+            )
+        )
+
     def close(self) -> None:
         """Zero what is pending, flush and close the audit trail. Idempotent."""
         if self.gov.closed:
@@ -863,6 +906,7 @@ class SglangGovernance:
         try:
             self.zeroer.flush()
             self.audit_zeroized()
+            self.audit_host_zeroized()
         finally:
             self.gov.close()
 
