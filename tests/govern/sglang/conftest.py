@@ -21,6 +21,8 @@ collect_ignore = ["upstream"] + (
         "test_admission.py",
         "test_differential.py",
         "test_erasure.py",
+        "test_hicache_host.py",
+        "test_hicache_storage.py",
         "test_ownership.py",
         "test_sharing.py",
         "test_zeroing.py",
