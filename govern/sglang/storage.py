@@ -573,20 +573,32 @@ class GovernedHiCacheStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """Load pages straight into SGLang's host pool at ``host_indices`` (one slot a token)."""
-        pool = self.mem_pool_host
-        if pool is None:
-            return [False] * len(keys)
-        page = int(pool.page_size)
-        results = [False] * len(keys)
-        for i, key in enumerate(keys):
+
+        def load(pool: Any, key: str, index: int) -> bool:
             scratch = pool.get_dummy_flat_data_page()
             try:
                 if self.batch_get([key], [scratch])[0] is None:
-                    break
-                pool.set_from_flat_data_page(int(host_indices[i * page]), scratch)
-                results[i] = True
+                    return False
+                pool.set_from_flat_data_page(index, scratch)
+                return True
             finally:
                 scratch.zero_()
+
+        return self.kvgov_each_page(keys, host_indices, load)
+
+    def kvgov_each_page(
+        self, keys: list[str], host_indices: torch.Tensor, one: Callable[[Any, str, int], bool]
+    ) -> list[bool]:
+        """``one(pool, key, first slot)`` per page, in order, until one fails: which succeeded."""
+        pool = self.mem_pool_host
+        results = [False] * len(keys)
+        if pool is None:
+            return results
+        page = int(pool.page_size)
+        for i, key in enumerate(keys):
+            if not one(pool, key, int(host_indices[i * page])):
+                break
+            results[i] = True
         return results
 
     # ------------------------------------------------------------------ saves
@@ -686,17 +698,11 @@ class GovernedHiCacheStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """Store pages straight from SGLang's host pool at ``host_indices``."""
-        pool = self.mem_pool_host
-        if pool is None:
-            return [False] * len(keys)
-        page = int(pool.page_size)
-        results = [False] * len(keys)
-        for i, key in enumerate(keys):
-            data = pool.get_data_page(int(host_indices[i * page]), flat=True)
-            if not self.batch_set([key], [data]):
-                break
-            results[i] = True
-        return results
+        return self.kvgov_each_page(
+            keys,
+            host_indices,
+            lambda pool, key, index: self.batch_set([key], [pool.get_data_page(index, flat=True)]),
+        )
 
     # ------------------------------------------------------------------ extra pools
 
