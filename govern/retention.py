@@ -94,6 +94,10 @@ class Deadlines:
         if len(heap) > self._limit:
             self._rebuild()
 
+    def moved(self, src: int, dst: int) -> None:
+        """Block ``src``'s keys moved to ``dst`` (a copy-on-write): ``dst`` takes its ttl."""
+        self._ttl[dst] = self._ttl[src]
+
     def cached(self, block_ids: Sequence[int]) -> None:
         """Blocks just became CACHED: their deadlines start now."""
         ttls = self._ttl

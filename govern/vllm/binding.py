@@ -127,6 +127,7 @@ class VllmGovernance:
         self._done_steps = 0
         self._done_since: float | None = None
         pool.kvgov_keyed = self._keyed
+        pool.kvgov_moved = self._moved
         pool.kvgov_owner_table = governor.ledger.owners.table
         pool.kvgov_now = governor.clock
 
@@ -429,6 +430,23 @@ class VllmGovernance:
         queue.kvgov_keyed(
             block_ids, priority, queue.kvgov_group(tenant), self._deadline(state, priority)
         )
+
+    def _moved(self, src: int, dst: int) -> None:
+        """vLLM moved block ``src``'s cached keys to ``dst`` (copy-on-write of a Mamba state
+        or a partial hit: the worker copies ``src`` into ``dst`` this step): ``dst`` takes
+        ``src``'s owner, retention and eviction order. ``dst`` was just handed out (its
+        previous owner's eviction and zeroing are reported first); ``src`` stays with its
+        holder, unhashed, and is ordered zeroed when it leaves it."""
+        gov = self.gov
+        if self.pool.kvgov_events:  # dst's eviction (get_new_blocks) before its owner changes
+            gov.drain()
+        owner = gov.ledger.owners.table[src]
+        if owner is not None:
+            gov.ledger.owners.assign([dst], owner)
+        gov.ledger.deadlines.moved(src, dst)
+        queue = self.pool.kvgov_governed
+        if queue is not None:
+            queue.kvgov_moved(src, dst)
 
     def _deadline(self, state: RequestGovernance, priority: int) -> float | None:
         """When a block this request caches at ``priority`` decays (None: never)."""

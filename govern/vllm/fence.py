@@ -38,7 +38,7 @@ minor is refused at start (:func:`check_version`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import vllm
@@ -64,6 +64,7 @@ __all__ = [
     "block_hash",
     "block_hasher",
     "check_version",
+    "cpu_zeroer_installed",
     "engine_hooked",
     "error_output",
     "evict_cached_block",
@@ -77,6 +78,8 @@ __all__ = [
     "hashed_block_ids",
     "hashed_blocks",
     "head_run",
+    "install_cpu_zeroer",
+    "install_state_zeroer",
     "kv_cache_zeroing_forced",
     "leading_unhashed",
     "lookahead_extra_keys",
@@ -86,9 +89,12 @@ __all__ = [
     "set_engine_hasher",
     "set_governance",
     "split_freed",
+    "state_tensors",
+    "state_zeroer_installed",
     "stop_recording_new_block_ids",
     "wrap_preprocess_add_request",
     "wrap_process_outputs",
+    "zero_states",
 ]
 
 _T = TypeVar("_T")
@@ -320,7 +326,17 @@ TOUCHED: tuple[Touch, ...] = (
         "patch",
         "vllm.v1.worker.cpu_model_runner",
         "replaced on the CPU build: vLLM's clears full-attention layers' tensors only, kvgov's "
-        "every attention layer's (a window-only model's freed blocks read zero)",
+        "every attention layer's (a window-only model's freed blocks read zero) and every "
+        "Mamba layer's state tensors (conv and ssm)",
+        _SAME,
+    ),
+    Touch(
+        "KVBlockZeroer",
+        "patch",
+        "vllm.v1.worker.utils",
+        "wrapped in the GPU runners (both): vLLM's zeroer clears attention layers only (it "
+        "skips Mamba layers), kvgov's also clears the given blocks of every Mamba layer's "
+        "state tensors (conv and ssm), so a state block that left its owner reads zero",
         _SAME,
     ),
     Touch(
@@ -575,17 +591,66 @@ def force_kv_cache_zeroing() -> None:
     KVCacheConfig.needs_kv_cache_zeroing = property(_mark(needs_kv_cache_zeroing))
 
 
+def state_tensors(groups: Iterable[Any], context: Mapping[str, Any]) -> list[Any]:
+    """Every Mamba layer's state tensors (conv and ssm state), each once, blocks on dim 0.
+
+    ``groups`` are a worker's KV cache groups (``KVCacheGroupSpec``) or attention groups
+    (``AttentionGroup``): anything with ``kv_cache_spec`` and ``layer_names``; ``context``
+    is the compilation config's ``static_forward_context``. A Mamba layer's ``kv_cache``
+    is the tuple of its states, each a view ``[num_blocks, *shape]`` of the block's page
+    (``MambaBase.bind_kv_cache``); a tensor several layers view is listed once.
+    """
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    out: list[Any] = []
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    for group in groups:
+        if not isinstance(group.kv_cache_spec, MambaSpec):
+            continue
+        for name in group.layer_names:
+            states = getattr(context.get(name), "kv_cache", None)
+            if isinstance(states, torch.Tensor):
+                states = (states,)
+            for state in states if isinstance(states, tuple | list) else ():
+                if not isinstance(state, torch.Tensor) or state.dim() == 0:
+                    continue
+                key = (state.data_ptr(), tuple(state.shape), tuple(state.stride()))
+                if key not in seen:
+                    seen.add(key)
+                    out.append(state)
+    return out
+
+
+def zero_states(states: Sequence[Any], block_ids: Sequence[int], index: Any = None) -> None:
+    """Zero the given blocks (dim 0) of each state tensor: one indexed fill per tensor.
+
+    ``index`` is the ids as a ``torch.long`` tensor on the states' device (built here
+    when None).
+    """
+    if not states or not block_ids:
+        return
+    if index is None:
+        import torch
+
+        index = torch.tensor(list(block_ids), dtype=torch.long, device=states[0].device)
+    for state in states:
+        state.index_fill_(0, index, 0)
+
+
 def install_cpu_zeroer() -> bool:
-    """On the CPU build, make the workers' zeroer clear every attention layer. Idempotent.
+    """On the CPU build, make the workers' zeroer clear every attention and Mamba layer.
 
     vLLM's ``CPUModelRunner._zero_block_ids`` clears the tensors of full-attention layers
     only (one ``zero_()`` per block and layer), where the GPU runner's ``KVBlockZeroer``
     clears every attention layer: a block of a sliding-window, chunked local or cross
     attention group would keep its KV wherever no full-attention layer views the same
-    bytes (a model whose layers all have a window). kvgov's replacement clears every
-    attention layer's tensor (each tensor once, however many layers view it; vLLM's
-    runner-only layers, which hold no KV blocks, left out) with one indexed fill per
-    tensor and step. Returns whether this process has it (False off the CPU build).
+    bytes (a model whose layers all have a window), and a Mamba state block its conv and
+    ssm state. kvgov's replacement clears every attention layer's tensor (each tensor
+    once, however many layers view it; vLLM's runner-only layers, which hold no KV blocks,
+    left out) and every Mamba layer's state tensors (:func:`state_tensors`), with one
+    indexed fill per tensor and step. Returns whether this process has it (False off the
+    CPU build).
     """
     from vllm.platforms import current_platform
 
@@ -599,14 +664,16 @@ def install_cpu_zeroer() -> bool:
         return True
 
     def _zero_block_ids(self: Any, block_ids: list[int]) -> None:
-        """kvgov: zero the given blocks in every attention layer's KV tensor."""
+        """kvgov: zero the given blocks in every attention layer's KV tensor and every
+        Mamba layer's state tensors."""
         if not block_ids:
             return
         index = torch.tensor(block_ids, dtype=torch.long)
         skip = getattr(self, "runner_only_attn_layers", ()) or ()
         context = self.compilation_config.static_forward_context
+        groups = self.kv_cache_config.kv_cache_groups
         seen: set[int] = set()
-        for group in self.kv_cache_config.kv_cache_groups:
+        for group in groups:
             if not isinstance(group.kv_cache_spec, AttentionSpec):
                 continue
             for name in group.layer_names:
@@ -615,9 +682,66 @@ def install_cpu_zeroer() -> bool:
                     continue
                 seen.add(kv.data_ptr())
                 kv.index_fill_(0, index, 0)
+        zero_states(state_tensors(groups, context), block_ids, index)
 
+    _zero_block_ids.__wrapped__ = CPUModelRunner._zero_block_ids  # type: ignore[attr-defined]  # vLLM's, for tests
     CPUModelRunner._zero_block_ids = _mark(_zero_block_ids)
     return True
+
+
+def install_state_zeroer() -> bool:
+    """Make the GPU runners' ``KVBlockZeroer`` clear Mamba state tensors too. Idempotent.
+
+    vLLM's ``KVBlockZeroer`` (``vllm.v1.worker.utils``, built by both GPU model runners
+    when ``needs_kv_cache_zeroing``, which vLLM sets for every Mamba model and kvgov
+    forces for every model) clears the given blocks of attention layers only: "Mamba
+    layers are skipped". kvgov wraps it: its constructor also lists every Mamba layer's
+    state tensors from the same attention groups (:func:`state_tensors`), and each
+    ``zero_block_ids`` call, after vLLM's kernel, fills the given blocks of each state
+    tensor with zeros (one indexed fill per tensor and step, on the runner's stream,
+    before the step's copies and forward pass). Returns whether this process has it.
+    """
+    import inspect
+
+    from vllm.v1.worker.utils import KVBlockZeroer
+
+    if _marked(KVBlockZeroer.zero_block_ids):
+        return True
+    init = KVBlockZeroer.__init__
+    zero = KVBlockZeroer.zero_block_ids
+    signature = inspect.signature(init)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        """kvgov: vLLM's zeroer, plus the Mamba layers' state tensors it skips."""
+        bound = signature.bind(self, *args, **kwargs)
+        groups = list(bound.arguments["attn_groups_iter"])
+        bound.arguments["attn_groups_iter"] = groups
+        init(*bound.args, **bound.kwargs)
+        self.kvgov_states = state_tensors(groups, bound.arguments["static_forward_context"])
+
+    def zero_block_ids(self: Any, block_ids: list[int]) -> None:
+        """kvgov: vLLM's attention zeroing, then every Mamba state tensor's given blocks."""
+        zero(self, block_ids)
+        states = getattr(self, "kvgov_states", None)
+        if states and block_ids:
+            import torch
+            from vllm.utils.torch_utils import async_tensor_h2d
+
+            index = async_tensor_h2d(block_ids, device=states[0].device, dtype=torch.int64)
+            zero_states(states, block_ids, index)
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]  # vLLM's, for tests
+    zero_block_ids.__wrapped__ = zero  # type: ignore[attr-defined]
+    KVBlockZeroer.__init__ = _mark(__init__)
+    KVBlockZeroer.zero_block_ids = _mark(zero_block_ids)
+    return True
+
+
+def state_zeroer_installed() -> bool:
+    """Whether :func:`install_state_zeroer` ran in this process."""
+    from vllm.v1.worker.utils import KVBlockZeroer
+
+    return _marked(KVBlockZeroer.zero_block_ids)
 
 
 def cpu_zeroer_installed() -> bool:
@@ -634,7 +758,9 @@ def cpu_zeroer_installed() -> bool:
 def vllm_needs_kv_cache_zeroing(kv_cache_config: Any) -> bool:
     """``KVCacheConfig.needs_kv_cache_zeroing`` as vLLM computes it (kvgov forces the property).
 
-    vLLM zeroes new blocks for Mamba layers (refused by kvgov) and mixed-precision caches.
+    vLLM zeroes new blocks for Mamba models (a state is read before it is fully written)
+    and mixed-precision caches; the governed scheduler then carries vLLM's list beside its
+    own orders.
     """
     return bool(
         getattr(kv_cache_config, "has_mamba_layers", False)

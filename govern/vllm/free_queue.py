@@ -316,6 +316,12 @@ class GovernedFreeQueue(FreeKVCacheBlockQueue):
             for b in block_ids:
                 decay.clear(b)
 
+    def kvgov_moved(self, src: int, dst: int) -> None:
+        """Block ``src``'s keys moved to ``dst`` (still owned): ``dst`` takes its priority,
+        quota group and decay."""
+        k = self.kvgov_key[src]
+        self.kvgov_keyed([dst], k % SPAN, k // SPAN, self.kvgov_decay.when(src))
+
     def kvgov_group(self, tenant: str) -> int:
         """The quota group of ``tenant`` (0: no floor or cap)."""
         return self.kvgov_group_ids.get(tenant, 0)

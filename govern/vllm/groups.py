@@ -1,23 +1,33 @@
 """The KV cache groups the binding governs, and a request's blocks across them.
 
 vLLM keeps one block pool for every KV cache group of a model (full attention,
-sliding window, chunked local attention, encoder-decoder cross attention), and a
-block id belongs to one group's request at a time, so kvgov's owner table,
-retention and zeroing orders (all keyed by block id) cover every group as they
-are. What differs per group is the shape of a lookup's hit and of an allocation:
-one list of blocks per group, where a sliding-window (or chunked local) group
-pads the blocks outside its window with vLLM's null block. This module reads
-those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot
-govern (see docs/vllm.md, "What is refused, and why").
+sliding window, chunked local attention, encoder-decoder cross attention, Mamba /
+linear-attention state), and a block id belongs to one group's request at a time, so
+kvgov's owner table, retention and zeroing orders (all keyed by block id) cover every
+group as they are. What differs per group is the shape of a lookup's hit and of an
+allocation: one list of blocks per group, where a sliding-window (or chunked local)
+group pads the blocks outside its window with vLLM's null block, and a Mamba group
+("align" mode) pads every block but the state at the hit's end. This module reads
+those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot govern
+(see docs/vllm.md, "KV layouts: governed and refused").
+
+A Mamba group's blocks hold per-request recurrent state (conv and ssm state), not
+per-token KV; vLLM frees the state blocks a running request no longer needs each step
+and, with prefix caching ("align" mode), caches the state at block boundaries under
+the request's block hash (kvgov's scoped key). Every one of those blocks goes through
+the pool's governed paths like an attention block. vLLM's workers skip Mamba layers
+when they zero blocks; kvgov's plugin makes them clear the state tensors too
+(:func:`kvgov.govern.vllm.fence.install_state_zeroer` on the GPU runners,
+:func:`kvgov.govern.vllm.fence.install_cpu_zeroer` on the CPU one), and a Mamba group
+is refused where that is missing.
 
 On the CPU build vLLM's zeroer clears the KV tensors of full-attention layers only
 (``CPUModelRunner._zero_block_ids``), where the GPU runner's clears every attention
-layer; kvgov's plugin replaces it with one that clears every attention layer
-(:func:`kvgov.govern.vllm.fence.install_cpu_zeroer`). Where that replacement is missing,
-a block of a sliding-window, chunked local or cross attention group reads zero after
-its zeroing only where a full-attention group's layers view the same bytes (vLLM lays
-every group's layers over one allocation from its first byte), which
-:func:`check_cpu_zeroing` checks.
+layer; kvgov's plugin replaces it with one that clears every attention layer and every
+Mamba layer's state. Where that replacement is missing, a block of a sliding-window,
+chunked local or cross attention group reads zero after its zeroing only where a
+full-attention group's layers view the same bytes (vLLM lays every group's layers over
+one allocation from its first byte), which :func:`check_cpu_zeroing` checks.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from vllm.v1.core.single_type_kv_cache_manager import (
     MambaManager,
     SlidingWindowManager,
 )
-from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MambaSpec
 
 from kvgov.exceptions import UnsupportedEngine
 
@@ -48,6 +58,7 @@ __all__ = [
     "GOVERNED_MANAGERS",
     "check_cpu_zeroing",
     "check_groups",
+    "check_state_zeroing",
     "hit_positions",
     "owned_blocks",
 ]
@@ -59,6 +70,7 @@ GOVERNED_MANAGERS: tuple[type, ...] = (
     SlidingWindowManager,
     ChunkedLocalAttentionManager,
     CrossAttentionManager,
+    MambaManager,
 )
 
 _COORDINATORS = (
@@ -72,12 +84,12 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
     """Refuse a KV cache whose groups kvgov cannot govern.
 
     Raises:
-        UnsupportedEngine: a Mamba (state) group: vLLM's worker zeroer clears
-            attention layers only, so a freed state block would be ordered zeroed and
-            never cleared; a manager outside :data:`GOVERNED_MANAGERS`; a coordinator
+        UnsupportedEngine: a manager outside :data:`GOVERNED_MANAGERS`; a coordinator
             kvgov does not know; a group whose block size is not the hash block size
-            (partial-block prefix caching); on the CPU build, a group whose blocks
-            the workers' zeroer would not clear (:func:`check_cpu_zeroing`).
+            (partial-block prefix caching); a Mamba group where this process lacks
+            kvgov's state zeroer (:func:`check_state_zeroing`); on the CPU build, a
+            group whose blocks the workers' zeroer would not clear
+            (:func:`check_cpu_zeroing`).
     """
     if type(coordinator) not in _COORDINATORS:
         raise UnsupportedEngine(
@@ -86,27 +98,55 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
             "hybrid coordinator",
         )
     managers = coordinator.single_type_managers
-    if any(isinstance(m, MambaManager) for m in managers):
-        raise UnsupportedEngine(
-            "a Mamba state group (vLLM's worker zeroes attention layers only: a freed "
-            "state block would stay unzeroed)",
-            "serve an attention model (full, sliding-window, chunked local or cross attention)",
-        )
     if any(type(m) not in GOVERNED_MANAGERS for m in managers):
         names = sorted({type(m).__name__ for m in managers if type(m) not in GOVERNED_MANAGERS})
         raise UnsupportedEngine(
             f"KV cache managers {names}",
-            "serve a model whose layers use full, sliding-window, chunked local or cross attention",
+            "serve a model whose layers use full, sliding-window, chunked local or cross "
+            "attention, or Mamba / linear-attention state",
         )
     for group in kv_cache_config.kv_cache_groups:
         size = group.kv_cache_spec.block_size
         if size != hash_block_size:
             raise UnsupportedEngine(
                 f"a hash block size of {hash_block_size} with blocks of {size} tokens",
-                "use one block size for every KV cache group",
+                "use one block size for every KV cache group (for a Mamba hybrid: prefix "
+                "caching on, mamba_cache_mode 'align', no prefix_match_unit)",
             )
-    check_cpu_zeroing(
-        kv_cache_config, on_cpu=current_platform.is_cpu(), zeroer=fence.cpu_zeroer_installed()
+    on_cpu = current_platform.is_cpu()
+    check_state_zeroing(
+        kv_cache_config,
+        on_cpu=on_cpu,
+        zeroer=fence.cpu_zeroer_installed() if on_cpu else fence.state_zeroer_installed(),
+    )
+    check_cpu_zeroing(kv_cache_config, on_cpu=on_cpu, zeroer=fence.cpu_zeroer_installed())
+
+
+def check_state_zeroing(kv_cache_config: Any, *, on_cpu: bool, zeroer: bool) -> None:
+    """Refuse a Mamba (state) group where the workers' zeroer would not clear its blocks.
+
+    vLLM's zeroers skip Mamba layers (the GPU runners' ``KVBlockZeroer`` processes
+    attention layers only, the CPU runner's full-attention layers only), so a state
+    block that left its owner would be ordered zeroed and never cleared. kvgov's
+    plugin wraps both (:func:`~kvgov.govern.vllm.fence.install_state_zeroer`,
+    :func:`~kvgov.govern.vllm.fence.install_cpu_zeroer`) in every process vLLM starts;
+    ``zeroer`` says whether this process has the one its workers use (the CPU build runs
+    its worker here; a GPU worker is another process of the same environment, which
+    runs the same plugin).
+
+    Raises:
+        UnsupportedEngine: a Mamba group and no kvgov state zeroer in this process.
+    """
+    if zeroer or not any(
+        isinstance(group.kv_cache_spec, MambaSpec) for group in kv_cache_config.kv_cache_groups
+    ):
+        return
+    where = "CPU runner's" if on_cpu else "GPU runners'"
+    raise UnsupportedEngine(
+        f"a Mamba state group without kvgov's state zeroer in the {where} zeroing (vLLM's "
+        "zeroer clears attention layers only: a freed state block would stay unzeroed)",
+        "let kvgov's plugin install it (it failed to: see the engine's log), or serve an "
+        "attention model",
     )
 
 
@@ -155,8 +195,9 @@ def check_cpu_zeroing(kv_cache_config: Any, *, on_cpu: bool, zeroer: bool) -> No
 def hit_positions(hit_groups: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
     """A lookup's hit blocks over every group, as (block index, block id), in prefix order.
 
-    The null blocks a sliding-window group pads its hit with are left out; blocks at
-    the same index (one per group) come group by group.
+    The null blocks a sliding-window group (or a Mamba group, before the state at the
+    hit's end) pads its hit with are left out; blocks at the same index (one per group)
+    come group by group.
     """
     found = [
         (i, b.block_id) for blocks in hit_groups for i, b in enumerate(blocks) if not b.is_null

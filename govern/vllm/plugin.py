@@ -20,9 +20,13 @@ the scheduler is built) and each worker. Installing ``kvgov[vllm]`` registers it
 
        llm.llm_engine.engine_core.call_utility("kvgov_call", "purge_tenant", "acme")
 
-3. on the CPU build, replaces the CPU runner's zeroer, which clears full-attention
-   layers only, with one that clears every attention layer's tensor (a model whose
-   layers all have a window keeps no KV in a zeroed block; :func:`fence.install_cpu_zeroer`);
+3. makes the workers' zeroers clear Mamba state: the GPU runners' ``KVBlockZeroer``
+   skips Mamba layers, kvgov's wrapper also fills the given blocks of every Mamba
+   layer's conv and ssm state tensors with zeros (:func:`fence.install_state_zeroer`);
+   on the CPU build, replaces the CPU runner's zeroer, which clears full-attention
+   layers only, with one that clears every attention layer's tensor and every Mamba
+   layer's state (a model whose layers all have a window keeps no KV in a zeroed block,
+   a freed state block no state; :func:`fence.install_cpu_zeroer`);
 4. on vLLM 0.32 only, in the API process: a refused request would reach an
    OpenAI client as HTTP 500 without a reason; the shim turns it into HTTP 403
    with kvgov's reason (0.33 carries it natively as HTTP 400).
@@ -59,6 +63,10 @@ def register() -> None:
         fence.install_cpu_zeroer()
     except Exception as exc:  # the governed scheduler then refuses windowed groups on the CPU
         _log.warning("kvgov: CPU zeroer not installed: %s", exc)
+    try:
+        fence.install_state_zeroer()
+    except Exception as exc:  # the governed scheduler then refuses Mamba groups
+        _log.warning("kvgov: Mamba state zeroer not installed: %s", exc)
     _install_engine_hooks()
     if fence.needs_frontend_shim():
         _install_frontend_shim()

@@ -65,10 +65,12 @@ from . import fence
 from .fence import block_hash
 from .free_queue import GovernedFreeQueue
 
-__all__ = ["GovernedBlockPool", "KeyedHook", "VllmPoolAdapter"]
+__all__ = ["GovernedBlockPool", "KeyedHook", "MovedHook", "VllmPoolAdapter"]
 
 #: Called with (request, block ids) when vLLM caches a request's full blocks.
 KeyedHook = Callable[[Any, list[int]], None]
+#: Called with (source id, destination id) when vLLM moves a cached entry (copy-on-write).
+MovedHook = Callable[[int, int], None]
 
 
 class GovernedBlockPool(BlockPool):
@@ -103,6 +105,9 @@ class GovernedBlockPool(BlockPool):
         self.kvgov_open_free: int | None = None
         # The binding's hook for newly cached blocks (their retention); None: none.
         self.kvgov_keyed: KeyedHook | None = None
+        # The binding's hook for a cached entry moved to another block (copy-on-write):
+        # (source id, destination id); None: none.
+        self.kvgov_moved: MovedHook | None = None
         # Bytes one block holds in the workers, and where (for zeroization events).
         self.kvgov_bytes_per_block = 0
         self.kvgov_device = "vllm-worker"
@@ -263,7 +268,7 @@ class GovernedBlockPool(BlockPool):
             self.kvgov_governed.kvgov_flatten()
         return True
 
-    # Paths a single full-attention group never takes (the scheduler refuses the configs
+    # Paths the governed configurations never take (the scheduler refuses the configs
     # that would): under a binding they refuse rather than run ungoverned; a bare pool
     # (vLLM's own pool tests) keeps vLLM's behaviour.
 
@@ -271,16 +276,60 @@ class GovernedBlockPool(BlockPool):
         self._kvgov_refuse("HiSparse pinned blocks", "run without HiSparse")
         super().unpin_blocks(*args, **kwargs)
 
-    def cache_partial_block(self, *args: Any, **kwargs: Any) -> Any:
-        self._kvgov_refuse(
-            "partial-block prefix caching (a hash block size below the block size)",
-            "use one KV cache group whose block size is the hash block size",
-        )
-        return super().cache_partial_block(*args, **kwargs)
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """vLLM's partial entry (Mamba "align" mode keys a state block at a prompt or
+        checkpoint boundary with it); governed where the entry is a whole block's key.
 
-    def move_block_hashes(self, *args: Any, **kwargs: Any) -> None:
-        self._kvgov_refuse("copy-on-write of cached blocks (Mamba)", "serve an attention model")
-        super().move_block_hashes(*args, **kwargs)
+        With the hash block size equal to the block size (the only configuration the
+        governed scheduler starts), the entry is the request's block hash at a block
+        boundary: a key in the request's scope, on a block the request holds, given the
+        request's retention like :meth:`cache_full_blocks`. A request marked not
+        cacheable keys nothing (a re-keyed checkpoint block loses its old keys: its
+        bytes are about to change).
+
+        Raises:
+            UnsupportedEngine: under a binding, a hash block size below the block size
+                (a real partial-block entry).
+        """
+        if block_size != self.hash_block_size:
+            self._kvgov_refuse(
+                "partial-block prefix caching (a hash block size below the block size)",
+                "use one KV cache group whose block size is the hash block size",
+            )
+        state = fence.governance_of(request)
+        if state is not None and not state.cacheable:
+            replace = args[0] if args else kwargs.get("replace_existing_hashes", False)
+            if replace and not block.is_null:
+                fence.evict_cached_block(self, block)
+            return None
+        key = super().cache_partial_block(
+            request, block, num_tokens, kv_cache_group_id, block_size, *args, **kwargs
+        )
+        if key is not None and self.kvgov_keyed is not None and not block.is_null:
+            self.kvgov_keyed(request, [block.block_id])
+        return key
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """vLLM's copy-on-write of a cached entry: ``src_block``'s hashes move to
+        ``dst_block``, which the worker fills with a copy of ``src_block`` this step.
+
+        The owner, retention and eviction order move with the hashes (the binding's
+        ``kvgov_moved`` hook): ``dst_block`` holds ``src_block``'s owner's bytes under
+        its keys. ``src_block`` stays with the request that holds it, now unhashed: when
+        it leaves that owner it is ordered zeroed like any unhashed block.
+        """
+        super().move_block_hashes(src_block, dst_block)
+        if self.kvgov_moved is not None and block_hash(dst_block) is not None:
+            self.kvgov_moved(src_block.block_id, dst_block.block_id)
 
     def _kvgov_refuse(self, what: str, fix: str) -> None:
         if self.kvgov_owner_table is not None:  # a binding governs this pool

@@ -286,9 +286,10 @@ def _check_governable(sched: Any) -> None:
     """Refuse every configuration whose KV the binding does not govern.
 
     Raises:
-        UnsupportedEngine: a KV cache group kvgov does not govern (Mamba state,
-            sink, R-SWA, HiSparse, circular buffers: :func:`.groups.check_groups`) or
-            a hash block size other than a group's block size. A KV connector is
+        UnsupportedEngine: a KV cache group kvgov does not govern (sink, R-SWA,
+            HiSparse, circular buffers; Mamba state without kvgov's state zeroer:
+            :func:`.groups.check_groups`) or a hash block size other than a group's
+            block size. A KV connector is
             classified after the binding opened (:mod:`.connectors`: governed by
             kind, or refused by name).
     """

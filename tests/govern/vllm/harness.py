@@ -127,6 +127,7 @@ class Harness:
         kv_transfer_config: KVTransferConfig | None = None,
         model_dir: Path | None = None,
         tokenizer: Path | None = None,
+        mamba_cache_mode: str | None = None,
     ) -> VllmConfig:
         settings = {"audit_url": self.audit_url, "model_revision": "r1", **(kvgov or {})}
         model_config = ModelConfig(
@@ -150,6 +151,7 @@ class Harness:
             gpu_memory_utilization=0.9,
             cache_dtype="auto",
             enable_prefix_caching=caching,
+            **({"mamba_cache_mode": mamba_cache_mode} if mamba_cache_mode else {}),
         )
         cache_config.num_gpu_blocks = num_blocks
         vllm_config = VllmConfig(

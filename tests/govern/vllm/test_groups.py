@@ -1,4 +1,4 @@
-"""Every KV cache group governed: hybrid full + sliding-window attention, chunked local attention.
+"""Every attention KV cache group governed: hybrid full + sliding-window, chunked local attention.
 
 vLLM's ``HybridKVCacheCoordinator`` keeps one pool for every group; a sliding-window
 group frees the blocks that fall out of its window while the request runs. Each of
@@ -191,12 +191,6 @@ def test_a_cut_hit_ends_at_the_same_token_in_every_group(
     assert [b.block_id for b in sliding] == [b.block_id for b in lookup[0][1]]
 
 
-def test_mamba_state_groups_are_refused(vllm: Any) -> None:
-    """vLLM's worker zeroer skips Mamba layers: a freed state block would stay readable."""
-    with pytest.raises(UnsupportedEngine, match="Mamba"):
-        vllm.scheduler(specs=_specs("full", "mamba"), caching=False)
-
-
 def _tensors(*layers: str) -> list[Any]:
     """One KV tensor over ``layers``, as a real engine's config has (the check reads only
     that there are some)."""
@@ -236,8 +230,9 @@ def test_a_window_only_model_is_refused_on_the_cpu_build_without_kvgovs_zeroer(
 def test_kvgovs_cpu_zeroer_clears_every_attention_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU runner's zeroer, as kvgov's plugin installs it: the given blocks of every
     attention layer's tensor read zero (vLLM's own, the control, clears the full-attention
-    layer only), a tensor two layers view is cleared once, a runner-only layer and a Mamba
-    state tensor are left alone, and other blocks keep their bytes."""
+    layer only), a tensor two layers view is cleared once, a runner-only layer is left
+    alone, a Mamba layer's state is cleared too (test_mamba.py has conv and ssm states),
+    and other blocks keep their bytes."""
     from types import SimpleNamespace
 
     import torch
@@ -289,7 +284,8 @@ def test_kvgovs_cpu_zeroer_clears_every_attention_layer(monkeypatch: pytest.Monk
     for name in ("f", "s1", "s2", "s3"):
         assert not r.kv[name][[1, 4]].any(), name
         assert r.kv[name][[0, 2, 3, 5]].all(), name
-    assert r.kv["enc"].all() and r.kv["m"].all()
+    assert r.kv["enc"].all()
+    assert not r.kv["m"][[1, 4]].any() and r.kv["m"][[0, 2, 3, 5]].all()
 
 
 def test_more_window_layers_than_full_ones_are_refused_on_the_cpu_build() -> None:

@@ -38,16 +38,16 @@ def _layout(managers: list[str], block_sizes: list[int]) -> tuple[Any, Any]:
     [
         (["FullAttentionManager", "SinkFullAttentionManager"], [16, 16], "SinkFullAttention"),
         (["FullAttentionManager", "RSWAManager"], [16, 16], "RSWAManager"),
-        (["FullAttentionManager", "MambaManager"], [16, 16], "Mamba state group"),
         (["FullAttentionManager", "SlidingWindowManager"], [16, 32], "blocks of 32 tokens"),
     ],
-    ids=["sink-attention", "r-swa", "mamba", "two-block-sizes"],
+    ids=["sink-attention", "r-swa", "two-block-sizes"],
 )
 def test_a_cache_layout_kvgov_does_not_govern_is_refused(
     managers: list[str], sizes: list[int], what: str
 ) -> None:
-    """Groups kvgov does not govern (attention sinks, R-SWA, Mamba state, partial-block
-    caching across block sizes): refused at start, never run ungoverned."""
+    """Groups kvgov does not govern (attention sinks, R-SWA, partial-block caching across
+    block sizes): refused at start, never run ungoverned (a Mamba group without kvgov's
+    state zeroer: test_mamba.py)."""
     from kvgov.govern.vllm.groups import check_groups
 
     config, coordinator = _layout(managers, sizes)
@@ -56,7 +56,8 @@ def test_a_cache_layout_kvgov_does_not_govern_is_refused(
 
 
 def test_the_governed_layouts_pass_the_check() -> None:
-    """Full, sliding-window, chunked local and cross attention, in one hybrid cache."""
+    """Full, sliding-window, chunked local and cross attention and Mamba state, in one
+    hybrid cache."""
     from kvgov.govern.vllm.groups import GOVERNED_MANAGERS, check_groups
 
     names = [m.__name__ for m in GOVERNED_MANAGERS]

@@ -14,7 +14,9 @@ Stages (each timed; everything lands under the repository's ignored ``.bench/``)
 4. every file of vLLM's ``tests/v1/core`` that runs on the CPU (:data:`VLLM_FILES`), stock
    and with kvgov's classes substituted (``kvgov_vllm_suite.py``), side by side;
 5. the comparison (``compare_suites.py``): any test that passes stock and fails governed
-   outside ``differences.py`` fails the run.
+   outside ``differences.py`` fails the run;
+6. vLLM's hybrid Mamba tests that seed the cache with an unadmitted request, governed
+   with that request admitted (``vllm_seeded_admitted.py``): they must pass.
 
 Exit status 0 only if every stage passed. Standard library only: run it with any python.
 """
@@ -198,6 +200,26 @@ def run_vllm_suites(python: Path, root: Path, hf: Path) -> int:
     )  # fmt: skip
 
 
+def run_seeded_admitted(python: Path, root: Path, hf: Path) -> int:
+    """vLLM's seeded hybrid Mamba tests, governed, with the seeding request admitted."""
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HOME": str(hf),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "PYTHONPATH": f"{SUITE}{os.pathsep}{root}",
+    }
+    return _run(
+        [str(python), "-m", "pytest", str(SUITE / "vllm_seeded_admitted.py"), "-q",
+         "--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-c",
+         str(root / "pytest.ini"), "--rootdir", str(root), "--import-mode=importlib",
+         "-p", "kvgov_vllm_suite"],
+        cwd=root,
+        env=env,
+    )  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=REPO / ".bench" / "vllm-venv")
@@ -236,9 +258,13 @@ def main() -> int:
     suites = run_vllm_suites(python, args.tests, hf)
     done(start)
 
+    start = _stage("vLLM's seeded hybrid Mamba tests, the seeding request admitted", times)
+    seeded = run_seeded_admitted(python, args.tests, hf)
+    done(start)
+
     print("timings: " + ", ".join(f"{n.split(':')[0]} {s:.0f} s" for n, s in times))
     print(f"total {time.monotonic() - t0:.0f} s")
-    ok = binding == 0 and suites == 0
+    ok = binding == 0 and suites == 0 and seeded == 0
     print(f"RESULT test-vllm {'ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 
