@@ -207,6 +207,10 @@ class CostModel:
         self._prefill_at = now
         #: bytes of one block's payload, once a save or load showed it
         self.block_bytes: int | None = None
+        #: the latest load's own throughput (bytes/s), beside the decayed figure
+        self.last_restore_bytes_per_s: float | None = None
+        #: loads measured so far
+        self.restore_samples = 0
         self.skipped_loads = 0
         self.skipped_saves = 0
 
@@ -231,6 +235,8 @@ class CostModel:
             self._restore = self._add(past, nbytes, seconds)
             self._restore_at = now
             self.restore_bytes_per_s = self._restore[0] / self._restore[1]
+            self.last_restore_bytes_per_s = nbytes / seconds
+            self.restore_samples += 1
             self.block_bytes = nbytes // blocks
 
     def prefilled(self, tokens: int, seconds: float) -> None:
@@ -288,6 +294,8 @@ class CostModel:
             )
             return {
                 "restore_bytes_per_s": rate,
+                "last_restore_bytes_per_s": self.last_restore_bytes_per_s,
+                "restore_samples": self.restore_samples,
                 "prefill_tokens_per_s": prefill,
                 "block_bytes": size,
                 "restore_s_per_block": None if rate is None or size is None else size / rate,
