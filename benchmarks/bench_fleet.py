@@ -224,9 +224,10 @@ def bench_servers(
             # this round's load as the connector measured it (NaN: no load this round)
             loaded = figures["restore_samples"] > before["restore_samples"]
             mb_s = figures["last_restore_bytes_per_s"] / 1e6 if loaded else float("nan")
+            load = f"load {mb_s:.0f} MB/s" if loaded else "load not measured"
             print(f"  round {r}{' (warm-up)' if r == 0 else ''}: server 1 computed "
                   f"{computed * 1e3:.0f} ms; server 2 from the tier {tier * 1e3:.0f} ms "
-                  f"({cached_tokens(usage)} tokens, load {mb_s:.0f} MB/s), from its device "
+                  f"({cached_tokens(usage)} tokens, {load}), from its device "
                   f"cache {floor * 1e3:.0f} ms, recomputed {recomputed * 1e3:.0f} ms")  # fmt: skip
             if r == 0:
                 continue

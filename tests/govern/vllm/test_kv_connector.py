@@ -279,11 +279,13 @@ def test_a_stale_cost_figure_lets_loads_and_saves_measure_again(vllm: Any, prefi
     from tests.support.clock import FakeClock
 
     one, two = _servers(vllm, prefix, cost_max_age_s=60.0)
+    one.run("a1", "A")  # server 1 saves A's blocks
+    assert two.run("a0", "A")[0] >= 9 * 16  # server 2's first load (not a sample)
+    two.sched.reset_prefix_cache()
     clock = FakeClock()
     cost = two.conn.cost = CostModel(max_age_s=60.0, clock=clock)
     cost.restored(nbytes=10 * 512, seconds=1000.0, blocks=10)  # 5 bytes/s: one slow sample
     cost.prefilled(tokens=16, seconds=1e-6)
-    one.run("a1", "A")  # server 1 saves A's blocks
 
     assert two.run("a2", "A")[0] == 0  # the fresh figure declines the load...
     misses = [e for e in two.events(sequence_id="a2") if e.details.get("outcome") == "miss"]
@@ -312,6 +314,21 @@ def test_a_stale_cost_figure_lets_loads_and_saves_measure_again(vllm: Any, prefi
     assert cost.metrics(16)["restore_age_s"] == 0.0
     worker = two.worker.kvgov_metrics()  # the worker keeps the figures it reported
     assert worker["block_bytes"] == nbytes // _blocks
+
+
+def test_a_workers_first_load_is_not_a_cost_sample(vllm: Any, prefix: str) -> None:
+    """A worker's first load also opens its Redis connection and reads its first data key
+    (the warm-up round of bench_fleet.py: 128-468 MB/s where the next loads ran at
+    585-715): the figure starts at the second load."""
+    one, two = _servers(vllm, prefix)
+    one.run("a1", "A")
+    assert two.run("a2", "A")[0] >= 9 * 16
+    assert two.conn.cost.restore_samples == 0 and two.conn.cost.restore_bytes_per_s is None
+    assert two.worker.cost.restore_samples == 0
+    two.sched.reset_prefix_cache()
+    assert two.run("a3", "A")[0] >= 9 * 16
+    assert two.conn.cost.restore_samples == 1 and two.worker.cost.restore_samples == 1
+    assert two.conn.cost.restore_bytes_per_s == two.worker.cost.restore_bytes_per_s
 
 
 def test_a_host_blocks_kv_is_copied_with_memcpy_not_torchs_parallel_copy(
