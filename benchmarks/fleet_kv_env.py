@@ -12,6 +12,9 @@ the test import it inside their venvs.
   ``ExampleConnector`` on one shared folder: it keys KV by the token ids alone.
 * :func:`ttft` -- one streamed completion: the time to its first token and its usage.
 * :func:`metric` -- one counter of a server's ``/metrics``.
+* :func:`cost_figures` -- the cost rule's figures and verdict as a governed server's
+  worker measured them (``figures=True``: the :class:`CostFigures` worker extension,
+  over vLLM's development endpoint ``/collective_rpc``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ TIER_NAME = "fleet"
 #: blocks of each server's KV cache (not 64: the tiny model's head size, a dimension the
 #: connector must not mistake for the block index)
 NUM_BLOCKS = 100
+#: the worker extension that reads the connector's cost figures (this module, on the
+#: servers' PYTHONPATH through benchmarks/)
+FIGURES_EXTENSION = "fleet_kv_env.CostFigures"
 #: the policy: the connector's tier may hold "internal" KV (the default allows only "host")
 POLICY_DATA = {"kvgov": {"config": {"offload_tiers": {"internal": ["host", TIER_NAME]}}}}
 
@@ -72,9 +78,11 @@ def governed_pair(
     key_recheck_s: float = 1.0,
     timeout_s: float = 1.0,
     cost_rule: bool = True,
+    figures: bool = False,
 ) -> list[Server]:
     """Servers ``vllm-1`` and ``vllm-2`` (not started); ``vllm-1`` runs a fleet agent if
-    ``operator_keys`` (the operators' public keys, mode 0600) is given."""
+    ``operator_keys`` (the operators' public keys, mode 0600) is given; with ``figures``,
+    each loads :class:`CostFigures` (read by :func:`cost_figures`)."""
     transfer = governed_transfer(
         redis_url,
         db_url,
@@ -83,6 +91,7 @@ def governed_pair(
         timeout_s=timeout_s,
         cost_rule=cost_rule,
     )
+    extension = ["--worker-extension-cls", FIGURES_EXTENSION] if figures else []
     servers = []
     for n in (1, 2):
         name = f"vllm-{n}"
@@ -112,10 +121,34 @@ def governed_pair(
                     "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache
                 },
                 num_blocks=NUM_BLOCKS,
-                extra_args=["--kv-transfer-config", json.dumps(transfer)],
+                extra_args=["--kv-transfer-config", json.dumps(transfer), *extension],
             )
         )
     return servers
+
+
+class CostFigures:
+    """vLLM worker extension: ``collective_rpc("kvgov_cost_figures")`` returns the worker
+    connector's :meth:`~kvgov.govern.vllm.kv_connector.GovernedKVConnector.kvgov_metrics`:
+    the cost rule's figures from the worker's own measurements (the samples it reports to
+    the scheduler, whose rule decides on the same figures) and their verdict."""
+
+    def kvgov_cost_figures(self) -> dict[str, Any]:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        return dict(get_kv_transfer_group().kvgov_metrics())
+
+
+def cost_figures(server: Server) -> dict[str, Any]:
+    """The cost rule's figures on ``server``'s worker (started with ``figures=True``)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/collective_rpc",
+        data=json.dumps({"method": "kvgov_cost_figures"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        (figures,) = json.loads(r.read())["results"]
+    return dict(figures)
 
 
 def control_pair(python: Path, model: Path, logs: Path, shared: Path) -> list[Server]:

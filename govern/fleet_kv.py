@@ -12,7 +12,8 @@ depend on vLLM lives here, so it is tested without it:
 * :class:`CostModel` -- offload only when it pays: restore throughput (bytes/s, from
   the loads) and the engine's prefill rate (tokens/s, from the forward passes), as
   moving averages; a load or save is skipped while restoring a block would take
-  longer than recomputing it.
+  longer than recomputing it, on figures measured within ``cost_max_age_s``: an
+  older figure no longer decides (loads and saves go ahead, and measure it again).
 * :class:`FleetStore` -- one :class:`~kvgov.offload.OffloadStore` over a
   :class:`~kvgov.offload.RedisTier` and a shared wrapped-key store: ``present``
   (how many leading blocks are stored, one round trip, a miss while Redis is down or
@@ -61,6 +62,9 @@ __all__ = [
     "FleetStore",
 ]
 
+#: How long a cost figure decides before it must be measured again (seconds).
+COST_MAX_AGE_S = 60.0
+
 _TENANT_TAG = b"kvgov.fleet-kv.tenant.v1\x00"
 _SCOPE_TAG = b"kvgov.fleet-kv.scope.v1\x00"
 
@@ -103,6 +107,9 @@ class FleetSettings:
             (None: assume a load pays until one is measured).
         cost_rule: skip a load or save while recomputing is cheaper (False: always use
             the tier, whatever the figures say; they are still measured and reported).
+        cost_max_age_s: how long a figure of the cost rule decides; an older one does not
+            (the tier is used until it is measured again, and the new measurement
+            replaces it), so one slow sample cannot switch the tier off for good.
     """
 
     redis_url: str
@@ -115,6 +122,7 @@ class FleetSettings:
     restore_bytes_per_s: float | None = None
     prefill_tokens_per_s: float | None = None
     cost_rule: bool = True
+    cost_max_age_s: float = COST_MAX_AGE_S
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> FleetSettings:
@@ -141,7 +149,7 @@ class FleetSettings:
             raise BindingConfigError(
                 "kv_connector_extra_config.kvgov.cost_rule", raw["cost_rule"], "true or false"
             )
-        for name in ("timeout_s", "key_recheck_s", "capacity_bytes"):
+        for name in ("timeout_s", "key_recheck_s", "capacity_bytes", "cost_max_age_s"):
             value = raw.get(name, 1)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise BindingConfigError(
@@ -159,7 +167,21 @@ class CostModel:
     480-token one (an average of per-step rates did: on a loaded CPU it had the rule
     skip loads that were 3x faster than recomputing). With no figure yet, a load is
     assumed to pay (the first loads measure it); a measurement replaces a starting
-    figure. Thread-safe.
+    figure.
+
+    A figure decides for ``max_age_s`` after it was last measured (a starting figure:
+    after the model was made). Past that it is stale: :meth:`pays` says yes, so loads
+    and saves use the tier again and measure it, and the next sample replaces the stale
+    figure instead of being averaged into it. Without this, a figure that only a load
+    measures (restore throughput) and that says "recompute" would never be measured
+    again: one slow sample would switch the tier off for the engine's life. A slow tier
+    is thus tried again at most once per ``max_age_s``. Thread-safe.
+
+    Args:
+        restore_bytes_per_s, prefill_tokens_per_s: starting figures (None: unknown).
+        alpha: the weight the past loses per sample.
+        max_age_s: how long a figure decides after it was measured.
+        clock: monotonic seconds.
     """
 
     def __init__(
@@ -168,15 +190,27 @@ class CostModel:
         restore_bytes_per_s: float | None = None,
         prefill_tokens_per_s: float | None = None,
         alpha: float = 0.2,
+        max_age_s: float = COST_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lock = threading.Lock()
         self._alpha = alpha
+        self._max_age = max_age_s
+        self._clock = clock
+        now = clock()
         self.restore_bytes_per_s = restore_bytes_per_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self._restore: tuple[float, float] | None = None  # decayed (bytes, seconds)
         self._prefill: tuple[float, float] | None = None  # decayed (tokens, seconds)
+        #: when each figure was last measured (or set), on ``clock``
+        self._restore_at = now
+        self._prefill_at = now
         #: bytes of one block's payload, once a save or load showed it
         self.block_bytes: int | None = None
+        #: the latest load's own throughput (bytes/s), beside the decayed figure
+        self.last_restore_bytes_per_s: float | None = None
+        #: loads measured so far
+        self.restore_samples = 0
         self.skipped_loads = 0
         self.skipped_saves = 0
 
@@ -188,13 +222,21 @@ class CostModel:
         keep = 1 - self._alpha
         return keep * sums[0] + amount, keep * sums[1] + seconds
 
+    def _stale(self, at: float, now: float) -> bool:
+        return now - at > self._max_age
+
     def restored(self, nbytes: int, seconds: float, blocks: int) -> None:
         """A load of ``nbytes`` in ``blocks`` blocks took ``seconds``."""
         if nbytes <= 0 or seconds <= 0 or blocks <= 0:
             return
         with self._lock:
-            self._restore = self._add(self._restore, nbytes, seconds)
+            now = self._clock()
+            past = None if self._stale(self._restore_at, now) else self._restore
+            self._restore = self._add(past, nbytes, seconds)
+            self._restore_at = now
             self.restore_bytes_per_s = self._restore[0] / self._restore[1]
+            self.last_restore_bytes_per_s = nbytes / seconds
+            self.restore_samples += 1
             self.block_bytes = nbytes // blocks
 
     def prefilled(self, tokens: int, seconds: float) -> None:
@@ -202,20 +244,30 @@ class CostModel:
         if tokens <= 0 or seconds <= 0:
             return
         with self._lock:
-            self._prefill = self._add(self._prefill, tokens, seconds)
+            now = self._clock()
+            past = None if self._stale(self._prefill_at, now) else self._prefill
+            self._prefill = self._add(past, tokens, seconds)
+            self._prefill_at = now
             self.prefill_tokens_per_s = self._prefill[0] / self._prefill[1]
 
-    def pays(self, tokens_per_block: int) -> bool:
-        """Whether restoring a block is faster than recomputing it, on the figures so far."""
-        with self._lock:
-            rate, prefill, size = (
-                self.restore_bytes_per_s,
-                self.prefill_tokens_per_s,
-                self.block_bytes,
-            )
+    def _verdict(self, tokens_per_block: int, now: float) -> tuple[bool, bool]:
+        """(pays, measuring): measuring when a figure is missing or stale (then it pays)."""
+        rate, prefill, size = (
+            self.restore_bytes_per_s,
+            self.prefill_tokens_per_s,
+            self.block_bytes,
+        )
         if rate is None or prefill is None or size is None:
-            return True
-        return size / rate < tokens_per_block / prefill
+            return True, True
+        if self._stale(self._restore_at, now) or self._stale(self._prefill_at, now):
+            return True, True
+        return size / rate < tokens_per_block / prefill, False
+
+    def pays(self, tokens_per_block: int) -> bool:
+        """Whether to use the tier: restoring a block is faster than recomputing it on the
+        figures so far, or a figure is missing or stale (using the tier measures it)."""
+        with self._lock:
+            return self._verdict(tokens_per_block, self._clock())[0]
 
     def skip(self, what: str) -> None:
         """Count a skipped ``load`` or ``save``."""
@@ -226,17 +278,35 @@ class CostModel:
                 self.skipped_saves += 1
 
     def metrics(self, tokens_per_block: int) -> dict[str, Any]:
-        """The figures behind the decisions, and what they decide."""
+        """The figures behind the decisions, their age, and what they decide.
+
+        ``offload_pays`` is the verdict; ``measuring`` says it is yes only because a
+        figure is missing or stale. ``restore_s_per_block`` and ``recompute_s_per_block``
+        are what the verdict compares (None while a figure is missing).
+        """
         with self._lock:
-            out: dict[str, Any] = {
-                "restore_bytes_per_s": self.restore_bytes_per_s,
-                "prefill_tokens_per_s": self.prefill_tokens_per_s,
-                "block_bytes": self.block_bytes,
+            now = self._clock()
+            pays, measuring = self._verdict(tokens_per_block, now)
+            rate, prefill, size = (
+                self.restore_bytes_per_s,
+                self.prefill_tokens_per_s,
+                self.block_bytes,
+            )
+            return {
+                "restore_bytes_per_s": rate,
+                "last_restore_bytes_per_s": self.last_restore_bytes_per_s,
+                "restore_samples": self.restore_samples,
+                "prefill_tokens_per_s": prefill,
+                "block_bytes": size,
+                "restore_s_per_block": None if rate is None or size is None else size / rate,
+                "recompute_s_per_block": None if prefill is None else tokens_per_block / prefill,
+                "restore_age_s": now - self._restore_at,
+                "prefill_age_s": now - self._prefill_at,
                 "skipped_loads": self.skipped_loads,
                 "skipped_saves": self.skipped_saves,
+                "offload_pays": pays,
+                "measuring": measuring,
             }
-        out["offload_pays"] = self.pays(tokens_per_block)
-        return out
 
 
 class FleetStore:

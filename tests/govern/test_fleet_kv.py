@@ -22,6 +22,7 @@ from kvgov.govern.fleet_kv import (
 from kvgov.govern.keys import KeyDeriver
 from kvgov.govern.scope import CacheScope
 from kvgov.offload import LocalKEK, MissReason, PutOutcome, RedisTier
+from tests.support.clock import FakeClock
 from tests.support.offload import MemoryKeyStore
 from tests.support.redis import RedisTarget
 
@@ -182,6 +183,65 @@ def test_the_cost_rule_weighs_each_step_by_its_size() -> None:
     assert cost.pays(32)
 
 
+def test_a_stale_figure_no_longer_decides_and_is_replaced_by_the_next_measurement() -> None:
+    """The trap: restore throughput changes only when a load happens, and a rule that
+    says "recompute" skips every load, so one slow sample (a server's first load: 34 MB/s
+    against a 3,598 tokens/s prefill) switched the tier off for the engine's life. A
+    figure older than ``max_age_s`` no longer decides: the tier is used, and measured."""
+    clock = FakeClock()
+    cost = CostModel(max_age_s=60.0, clock=clock)
+    block = 2_359_296  # the tiny model's 32-token block
+    cost.restored(nbytes=15 * block, seconds=15 * block / 33_989_430, blocks=15)
+    cost.prefilled(tokens=480, seconds=480 / 3_598)
+    assert not cost.pays(32)  # 69 ms to restore a block, 8.9 ms to recompute it
+    assert cost.metrics(32)["measuring"] is False
+    for _ in range(10):  # forward passes keep the prefill figure fresh; no load happens
+        clock.advance(6.1)
+        cost.prefilled(tokens=480, seconds=480 / 3_598)
+    assert cost.pays(32)  # restore measured 61 s ago: no longer decides
+    metrics = cost.metrics(32)
+    assert metrics["measuring"] is True and metrics["offload_pays"] is True
+    assert metrics["restore_age_s"] == pytest.approx(61.0) and metrics["prefill_age_s"] == 0.0
+    # the load that goes ahead measures 900 MB/s: it replaces the stale figure (averaged
+    # into it, the decayed sums would still say ~40 MB/s and decline)
+    cost.restored(nbytes=15 * block, seconds=15 * block / 900e6, blocks=15)
+    assert cost.restore_bytes_per_s == pytest.approx(900e6)
+    assert cost.pays(32) and cost.metrics(32)["measuring"] is False
+    # a fresh sample is still averaged with the recent past
+    cost.restored(nbytes=15 * block, seconds=15 * block / 300e6, blocks=15)
+    assert 300e6 < (cost.restore_bytes_per_s or 0) < 900e6
+
+
+def test_a_slow_tier_is_tried_again_once_per_max_age() -> None:
+    clock = FakeClock()
+    cost = CostModel(max_age_s=30.0, clock=clock)
+    cost.restored(nbytes=1_000, seconds=1.0, blocks=1)  # 1 kB/s
+    for _ in range(3):
+        cost.prefilled(tokens=1_000, seconds=1.0)
+        assert not cost.pays(16)
+        clock.advance(31.0)
+        cost.prefilled(tokens=1_000, seconds=1.0)
+        assert cost.pays(16)  # tried again...
+        cost.restored(nbytes=1_000, seconds=1.0, blocks=1)
+        assert not cost.pays(16)  # ...still slow: declined for another max_age
+
+
+def test_starting_figures_and_an_idle_engines_prefill_go_stale_too() -> None:
+    clock = FakeClock()
+    cost = CostModel(restore_bytes_per_s=1.0, prefill_tokens_per_s=1e9, clock=clock)
+    cost.block_bytes = 1024
+    assert not cost.pays(16)  # a starting figure decides while it is young
+    clock.advance(61.0)
+    assert cost.pays(16)
+    cost.restored(nbytes=1024, seconds=1.0, blocks=1)
+    assert cost.restore_bytes_per_s == 1024.0  # replaced, not averaged with the setting
+    assert cost.pays(16)  # the prefill figure (a setting never measured) is still stale
+    cost.prefilled(tokens=1_000_000, seconds=0.001)
+    assert not cost.pays(16)  # both fresh: 1 s to restore a block, 16 ns to recompute it
+    clock.advance(61.0)  # an idle engine: no load, no forward pass
+    assert cost.pays(16) and cost.metrics(16)["measuring"] is True
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(BindingConfigError, match="redis_url"):
         FleetSettings.from_extra({"kvgov": {"key_store_url": "sqlite://"}})
@@ -193,6 +253,13 @@ def test_settings_are_checked() -> None:
         FleetSettings.from_extra(
             {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://", "cost_rule": "no"}}
         )
+    with pytest.raises(BindingConfigError, match="cost_max_age_s"):
+        FleetSettings.from_extra(
+            {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://", "cost_max_age_s": 0}}
+        )
+    assert FleetSettings.from_extra(
+        {"kvgov": {"redis_url": "redis://x", "key_store_url": "sqlite://"}}
+    ).cost_max_age_s == pytest.approx(60.0)
     off = {"redis_url": "redis://x", "key_store_url": "sqlite://", "cost_rule": False}
     assert FleetSettings.from_extra({"kvgov": off}).cost_rule is False
     with pytest.raises(BindingConfigError, match="settings among"):

@@ -271,6 +271,108 @@ def test_a_load_is_skipped_when_recomputing_is_cheaper(vllm: Any, prefix: str) -
     assert metrics["skipped_loads"] >= 1 and metrics["offload_pays"] is False
 
 
+def test_a_stale_cost_figure_lets_loads_and_saves_measure_again(vllm: Any, prefix: str) -> None:
+    """One slow restore sample must not switch the tier off for good: while the figure is
+    fresh, server 2 skips the load and its saves; once it is older than cost_max_age_s,
+    both go ahead, and the load's measurement replaces the stale figure."""
+    from kvgov.govern.fleet_kv import CostModel
+    from tests.support.clock import FakeClock
+
+    one, two = _servers(vllm, prefix, cost_max_age_s=60.0)
+    one.run("a1", "A")  # server 1 saves A's blocks
+    assert two.run("a0", "A")[0] >= 9 * 16  # server 2's first load (not a sample)
+    two.sched.reset_prefix_cache()
+    clock = FakeClock()
+    cost = two.conn.cost = CostModel(max_age_s=60.0, clock=clock)
+    cost.restored(nbytes=10 * 512, seconds=1000.0, blocks=10)  # 5 bytes/s: one slow sample
+    cost.prefilled(tokens=16, seconds=1e-6)
+
+    assert two.run("a2", "A")[0] == 0  # the fresh figure declines the load...
+    misses = [e for e in two.events(sequence_id="a2") if e.details.get("outcome") == "miss"]
+    assert [e.details["reason"] for e in misses] == ["recompute_cheaper"]
+    assert not [e for e in two.events(sequence_id="a2") if e.type == "offload"]
+    assert cost.skipped_saves >= 1  # ...and server 2's own saves
+
+    samples: list[tuple[int, float, int]] = []
+    restored = cost.restored
+
+    def spy(nbytes: int, seconds: float, blocks: int) -> None:
+        samples.append((nbytes, seconds, blocks))
+        restored(nbytes, seconds, blocks)
+
+    cost.restored = spy  # type: ignore[method-assign]
+    clock.advance(61.0)  # the restore figure is stale: it no longer decides
+    two.sched.reset_prefix_cache()
+    hit, table = two.run("a3", "A")
+    assert hit >= 9 * 16  # loaded from the tier
+    for i, b in enumerate(table[: hit // 16]):
+        assert bool((two.kv[:, b] == float(i + 1)).all())
+    saves = [e for e in two.events(sequence_id="a3") if e.type == "offload"]
+    assert saves and all(e.details["outcome"] == "save_stored" for e in saves)
+    ((nbytes, seconds, _blocks),) = samples  # the load measured the tier again
+    assert cost.restore_bytes_per_s == nbytes / seconds  # replaced, not averaged in
+    assert cost.metrics(16)["restore_age_s"] == 0.0
+    worker = two.worker.kvgov_metrics()  # the worker keeps the figures it reported
+    assert worker["block_bytes"] == nbytes // _blocks
+
+
+def test_a_workers_first_load_is_not_a_cost_sample(vllm: Any, prefix: str) -> None:
+    """A worker's first load also opens its Redis connection and reads its first data key
+    (the warm-up round of bench_fleet.py: 128-468 MB/s where the next loads ran at
+    585-715): the figure starts at the second load."""
+    one, two = _servers(vllm, prefix)
+    one.run("a1", "A")
+    assert two.run("a2", "A")[0] >= 9 * 16
+    assert two.conn.cost.restore_samples == 0 and two.conn.cost.restore_bytes_per_s is None
+    assert two.worker.cost.restore_samples == 0
+    two.sched.reset_prefix_cache()
+    assert two.run("a3", "A")[0] >= 9 * 16
+    assert two.conn.cost.restore_samples == 1 and two.worker.cost.restore_samples == 1
+    assert two.conn.cost.restore_bytes_per_s == two.worker.cost.restore_bytes_per_s
+
+
+def test_a_host_blocks_kv_is_copied_with_memcpy_not_torchs_parallel_copy(
+    vllm: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load and a save copy each layer's block between the tier's buffer and the KV
+    tensor. torch's ``copy_`` splits a copy of that size across its OpenMP threads, which
+    in vLLM's CPU worker waited for a core the engine's other processes held (2-57 ms a
+    2.25 MiB block instead of 0.2 ms): a contiguous host block is copied as bytes on the
+    calling thread instead; a strided view or another device still takes ``copy_``."""
+    import torch
+
+    one = Server(vllm, _settings(prefix, vllm))
+    worker = one.worker
+    kv = {
+        "a": torch.zeros(NUM_BLOCKS, 2, 16, 4),  # block-major: a block is contiguous
+        "b": torch.zeros(NUM_BLOCKS, 3, 8, dtype=torch.bfloat16),
+    }
+    worker.register_kv_caches(kv)
+    kv["a"][5] = torch.randn(2, 16, 4)
+    kv["b"][5] = torch.randn(3, 8).to(torch.bfloat16)
+    copies: list[Any] = []
+    copy = torch.Tensor.copy_
+
+    def spy(self: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+        copies.append(self.shape)
+        return copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", spy)
+    scratch = bytearray(worker.kvgov_block_nbytes())
+    staged = worker.kvgov_stage(5, scratch)
+    worker.kvgov_fill(7, staged)
+    staged.release()
+    assert copies == []
+    for t in kv.values():
+        assert torch.equal(t[7], t[5]) and bool(t[5].any())
+
+    strided = {"a": torch.zeros(2, NUM_BLOCKS, 16, 4)}  # a block is two strided halves
+    worker.register_kv_caches(strided)
+    strided["a"][:, 5] = torch.randn(2, 16, 4)
+    worker.kvgov_fill(7, worker.kvgov_stage(5, bytearray(worker.kvgov_block_nbytes())))
+    assert len(copies) == 2 and torch.equal(strided["a"][:, 7], strided["a"][:, 5])
+
+
 def test_a_save_leaves_no_plaintext_copy_of_the_kv_behind(
     vllm: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
