@@ -363,6 +363,10 @@ class Decided:
         shared: ``root`` is a share group's.
         event: its ``admission`` event without a request id (each request's is derived).
         namespaces: (extra_key, cache_salt, generation) -> its tree namespace.
+        folded: pages reused -> ``event`` holding an own reuse of that many pages
+            (``details.own_reuse``, ``reused_tokens``), each request's derived from it
+            (its id and pages): the details checked once and shared, so the sealer
+            encodes them once for a run of equal hits.
     """
 
     revision: str
@@ -373,6 +377,7 @@ class Decided:
     shared: bool
     event: AuditEvent
     namespaces: dict[tuple[str | None, str | None, int], str] = field(default_factory=dict)
+    folded: dict[int, AuditEvent] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -390,8 +395,8 @@ class Admitted:
             of other tenants are judged per owner by the sharing policy.
         reused: pages of its hit already audited as reused (a later match that
             finds more audits only the rest).
-        pending: its ``admission`` event (without the request id) while it is held
-            back for the request's first match, which writes it
+        pending: the admission whose event (``Decided.event`` with this request's
+            id) is held back for the request's first match, which writes it
             (:meth:`SglangGovernance.record_admission`); None once written, or
             written at admission.
     """
@@ -403,7 +408,7 @@ class Admitted:
     seq_id: str = ""
     shared: bool = False
     reused: int = 0
-    pending: AuditEvent | None = None
+    pending: Decided | None = None
 
 
 class SglangGovernance:
@@ -613,7 +618,7 @@ class SglangGovernance:
         if decided.ttl is None:  # not cacheable
             gov.audit.record(decided.event.derive(sequence_id=seq_id))
             return Admitted(namespace=self._private().namespace, scope=scope)
-        pending = decided.event if defer and self.fold_own_reuse else None
+        pending = decided if defer and self.fold_own_reuse else None
         if pending is None:
             gov.audit.record(decided.event.derive(sequence_id=seq_id))
         extra_key = getattr(req, "extra_key", None)
@@ -665,10 +670,11 @@ class SglangGovernance:
             adm: its admission.
             pages: the page ids of the first match's hit (empty: none or not judged).
         """
-        template = adm.pending
-        if template is None:
+        decided = adm.pending
+        if decided is None:
             return True
         adm.pending = None
+        template = decided.event
         gov = self.gov
         event: AuditEvent | None = None
         own, tenant = 0, ""
@@ -678,16 +684,19 @@ class SglangGovernance:
                 groups = gov.ledger.owners.group(pages)
                 if len(groups) == 1 and groups[0][0] == view.scope:
                     own, tenant = len(pages), view.scope.tenant
-                    tokens = own * self.zeroer.page_size
-                    event = template.derive(
-                        sequence_id=adm.seq_id,
-                        block_ids=tuple(pages),
-                        reused_tokens=tokens,
-                        details={
-                            **template.details,
-                            OWN_REUSE_KEY: {"blocks": own, "reused_tokens": tokens},
-                        },
-                    )
+                    folded = decided.folded.get(own)
+                    if folded is None:
+                        if len(decided.folded) >= _FOLDS_KEPT:
+                            decided.folded.clear()
+                        tokens = own * self.zeroer.page_size
+                        folded = decided.folded[own] = template.derive(
+                            reused_tokens=tokens,
+                            details={
+                                **template.details,
+                                OWN_REUSE_KEY: {"blocks": own, "reused_tokens": tokens},
+                            },
+                        )
+                    event = folded.derive(sequence_id=adm.seq_id, block_ids=tuple(pages))
         except Exception:  # the admission is written all the same, the hit judged apart
             _log.exception("kvgov: folding the reuse of %r into its admission failed", adm.seq_id)
             event, own = None, 0
@@ -1022,10 +1031,15 @@ class SglangGovernance:
 #: Scope digests kept, then emptied (a bound on memory).
 _DIGESTS_KEPT = 65_536
 #: Admissions kept (scope and prompt length: the admission policy's input), then emptied:
-#: a bound on memory (each holds its view and admission event, a few KiB at most).
+#: a bound on memory (each holds its view and admission event, and up to _FOLDS_KEPT
+#: folded ones: a few KiB, at most some tens).
 _DECIDED_SIZE = 4096
 #: Tree namespaces kept per admission (client extra_key and cache_salt), then emptied.
 _NAMESPACES_KEPT = 1024
+#: Folded admission events kept per admission (one per hit length in pages), then emptied:
+#: with _DECIDED_SIZE, a bound on memory (a scope's hits at one prompt length mostly
+#: have one or two lengths, its shared system prompts').
+_FOLDS_KEPT = 8
 
 
 def _plain(value: object) -> bool:

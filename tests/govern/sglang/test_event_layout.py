@@ -102,7 +102,8 @@ def _workload(cache: Any, alloc: Any, kv: Any, clock: StepClock) -> dict[str, in
     shared = _prompt(0)
     run("acme", shared)
     run("acme", shared)  # acme's own pages: folded
-    run("acme", array("q", [*shared[: 8 * PAGE], *_prompt(1, 6)]))  # a part of them: folded
+    # a part of them, at the same prompt length (one admission decided: two hit lengths)
+    run("acme", array("q", [*shared[: 8 * PAGE], *_prompt(1, 12)]))  # folded
     run("bank", shared, kvgov_classification="public")
     run("clinic", shared, kvgov_classification="public")  # bank's pages: cross-tenant
     run("bank", shared, kvgov_classification="public")  # its own, in the group's namespace
