@@ -385,15 +385,18 @@ class AuditEvent:
         block_ids: Any = _KEEP,
         token_count: Any = _KEEP,
         reused_tokens: Any = _KEEP,
+        details: Any = _KEEP,
     ) -> AuditEvent:
-        """This event with another ``sequence_id``, ``block_ids`` or counts; only those are checked.
+        """This event with another ``sequence_id``, ``block_ids``, counts or ``details``;
+        only those are checked.
 
         For a binding that writes many events alike but for the request and its blocks
         (the admission of one scope under one decision, the reuse of one owner's
         blocks): it builds and validates one event, then derives each request's from
         it. The fields given are checked by the rules of construction (and raise the
-        same); every other field is this event's, validated when it was built. The
-        result equals the event built from all its fields.
+        same; ``details`` is copied as construction copies it); every other field is
+        this event's, validated when it was built. The result equals the event built
+        from all its fields.
 
         Raises:
             InvalidAuditEvent: a given field is invalid.
@@ -407,6 +410,8 @@ class AuditEvent:
             values[_TOKENS_AT] = _checked_count("token_count", token_count)
         if reused_tokens is not _KEEP:
             values[_REUSED_AT] = _checked_count("reused_tokens", reused_tokens)
+        if details is not _KEEP:
+            values[_DETAILS_AT] = _checked_details(details)
         event = _OBJECT_NEW(AuditEvent)
         # each field's slot set directly (the frozen class refuses setattr), in C calls
         deque(map(call, _SLOT_SETTERS, repeat(event), values), 0)
@@ -418,6 +423,16 @@ def _checked_count(name: str, count: Any) -> Any:
     if count is not None and (type(count) is not int or not 0 <= count <= MAX_COUNT):
         _check_count(name, count)  # raises, naming the field (an int subclass passes)
     return count
+
+
+def _checked_details(details: Any) -> Any:
+    """``details`` as construction keeps them (a private, checked copy), or raise
+    (the rules of ``AuditEvent.__post_init__``)."""
+    if type(details) is dict:  # no ABC check, no dispatch through _clean
+        return _clean_mapping(details, "details", 0) if details else {}
+    if isinstance(details, Mapping):
+        return _clean(details, "details", 0)
+    raise InvalidAuditEvent("details", "must be a mapping")
 
 
 def _checked_block_ids(block_ids: Any) -> tuple[int, ...]:
@@ -450,6 +465,7 @@ _SEQUENCE_AT: Final = RECORD_FIELDS.index("sequence_id")
 _BLOCKS_AT: Final = RECORD_FIELDS.index("block_ids")
 _TOKENS_AT: Final = RECORD_FIELDS.index("token_count")
 _REUSED_AT: Final = RECORD_FIELDS.index("reused_tokens")
+_DETAILS_AT: Final = RECORD_FIELDS.index("details")
 #: Each field's slot setter, in :data:`RECORD_FIELDS` order (``AuditEvent.derive``).
 _SLOT_SETTERS: Final = tuple(AuditEvent.__dict__[name].__set__ for name in RECORD_FIELDS)
 

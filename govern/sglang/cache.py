@@ -18,7 +18,10 @@ locks, evictions and checkpoints); what changes:
   (:class:`~kvgov.exceptions.InvalidArgument`, the tree untouched) where it has more;
 * a hit (``match_prefix`` with its ``req``) is audited as reused; in a share
   group's namespace each owner of another tenant is judged by the sharing policy
-  and the hit cut at the first refused page (SGLang matches again up to there);
+  and the hit cut at the first refused page (SGLang matches again up to there).
+  A request first seen by a match has its ``admission`` event written right after
+  that match (before it can use a page), and where the hit is only its own scope's
+  pages, that event holds the reuse (``SglangGovernance.fold_own_reuse``);
 * the allocator is re-classed in place: every page it takes back
   (``_release_page_ids``: frees, evictions, duplicates an insert exposed) is
   zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
@@ -132,12 +135,16 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
 
     # ------------------------------------------------------------------ keys
 
-    def kvgov_admit(self, req: Any) -> str:
-        """The request's namespace, admitting it the first time (rewrites its keys)."""
+    def kvgov_admit(self, req: Any, *, defer: bool = False) -> str:
+        """The request's namespace, admitting it the first time (rewrites its keys).
+
+        ``defer``: the caller matches the request next and writes its admission event
+        after (:meth:`SglangGovernance.record_admission`), whatever happens.
+        """
         adm: Admitted | None = getattr(req, _ADMITTED, None)
         if adm is not None:
             return adm.namespace
-        adm = self.kvgov.admit(req)
+        adm = self.kvgov.admit(req, defer=defer)
         ns = adm.namespace
         scope = adm.scope
         if scope is not None:
@@ -175,10 +182,52 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             return super().match_prefix(params)
         adm: Admitted | None = getattr(req, _ADMITTED, None)
         if adm is None:
-            self.kvgov_admit(req)
+            self.kvgov_admit(req, defer=True)
             adm = getattr(req, _ADMITTED)
-        params.key = key = self._kvgov_key(key, adm.namespace, inserting=False)
-        result = super().match_prefix(params)
+            if adm.pending is not None:
+                return self._kvgov_first_match(params, req, adm)
+        params.key = self._kvgov_key(key, adm.namespace, inserting=False)
+        return self._kvgov_judged(params, adm, super().match_prefix(params), None)
+
+    def _kvgov_first_match(self, params: MatchPrefixParams, req: Any, adm: Admitted) -> Any:
+        """A request's first match, its admission event held back until now.
+
+        The event is written after the match and before the request can use a page,
+        the match failing or not; where the hit is only pages of the request's own
+        scope it records their reuse too (:meth:`SglangGovernance.record_admission`).
+        An admission that cannot be written refuses the request: its namespace is now
+        a private one, where the match finds nothing.
+        """
+        pages: list[int] = []
+        try:
+            params.key = self._kvgov_key(params.key, adm.namespace, inserting=False)
+            result = super().match_prefix(params)
+            pages = self._kvgov_hit(params.key, adm, result)
+        finally:
+            admitted = self.kvgov.record_admission(req, adm, pages)
+        if not admitted:
+            req.extra_key = adm.namespace
+            params.key = self._kvgov_key(params.key, adm.namespace, inserting=False)
+            return super().match_prefix(params)
+        return self._kvgov_judged(params, adm, result, pages)
+
+    def _kvgov_hit(self, key: RadixKey, adm: Admitted, result: Any) -> list[int]:
+        """The page ids of a match's hit, in prefix order, where it is judged (else [])."""
+        n = result.device_prefix_len
+        if not n or adm.view is None or key.extra_key != adm.namespace:
+            return []
+        unit = self.kvgov_unit
+        slots = self.path_device_indices(result.last_device_node)[: int(n) : unit].tolist()
+        return [slot // unit for slot in slots]
+
+    def _kvgov_judged(
+        self, params: MatchPrefixParams, adm: Admitted, result: Any, pages: list[int] | None
+    ) -> Any:
+        """``result`` cut to what the request may use; its hit judged and audited.
+
+        ``pages``: the hit's pages if already read (:meth:`_kvgov_hit`).
+        """
+        key = params.key
         n = result.device_prefix_len
         if not n or adm.view is None or key.extra_key != adm.namespace:
             return result
@@ -189,8 +238,8 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         # the hit's pages, judged per owner in a share group and audited as reused;
         # a refused owner cuts the hit: SGLang matches again up to the kept pages, so
         # the node the scheduler locks is the end of what the request may use
-        slots = self.path_device_indices(result.last_device_node)[:n:unit].tolist()
-        pages = [slot // unit for slot in slots]
+        if pages is None:
+            pages = self._kvgov_hit(key, adm, result)
         keep = self.kvgov.judge_hit(adm, pages)
         if keep < len(pages):
             cut = keep * unit

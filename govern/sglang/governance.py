@@ -36,6 +36,7 @@ from kvgov.allocator import (
     Revoked,
 )
 from kvgov.audit import AuditEvent, EventType
+from kvgov.audit.events import OWN_REUSE_KEY
 from kvgov.exceptions import (
     AuditUnavailable,
     InternalError,
@@ -362,6 +363,10 @@ class Decided:
         shared: ``root`` is a share group's.
         event: its ``admission`` event without a request id (each request's is derived).
         namespaces: (extra_key, cache_salt, generation) -> its tree namespace.
+        folded: pages reused -> ``event`` holding an own reuse of that many pages
+            (``details.own_reuse``, ``reused_tokens``), each request's derived from it
+            (its id and pages): the details checked once and shared, so the sealer
+            encodes them once for a run of equal hits.
     """
 
     revision: str
@@ -372,6 +377,7 @@ class Decided:
     shared: bool
     event: AuditEvent
     namespaces: dict[tuple[str | None, str | None, int], str] = field(default_factory=dict)
+    folded: dict[int, AuditEvent] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -389,6 +395,10 @@ class Admitted:
             of other tenants are judged per owner by the sharing policy.
         reused: pages of its hit already audited as reused (a later match that
             finds more audits only the rest).
+        pending: the admission whose event (``Decided.event`` with this request's
+            id) is held back for the request's first match, which writes it
+            (:meth:`SglangGovernance.record_admission`); None once written, or
+            written at admission.
     """
 
     namespace: str
@@ -398,10 +408,21 @@ class Admitted:
     seq_id: str = ""
     shared: bool = False
     reused: int = 0
+    pending: Decided | None = None
 
 
 class SglangGovernance:
     """One scheduler's governance: governor, scope resolver, page zeroer.
+
+    ``fold_own_reuse`` (True) is the audit trail's event layout: a request first
+    seen by a match (``admit(req, defer=True)``) has its ``admission`` event written
+    after that match, and where the match's hit, in the request's own namespace, is
+    only its own scope's pages, that one event records the reuse too
+    (``details.own_reuse``, ``block_ids`` the pages, ``reused_tokens`` theirs; every
+    compliance query lists it as its own ``reuse`` record), not an admission and a
+    ``reuse``. False writes every admission when the request is admitted and each
+    reuse apart (the layout before; the equivalence test replays a workload under
+    each).
 
     Args:
         governor: the governor over a :class:`SglangPoolAdapter`.
@@ -413,6 +434,9 @@ class SglangGovernance:
     Raises:
         InvalidArgument: ``sweep_interval`` is not a finite number >= 0.
     """
+
+    #: The event layout (see the class docstring).
+    fold_own_reuse: bool = True
 
     def __init__(
         self,
@@ -504,12 +528,19 @@ class SglangGovernance:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, req: Any) -> Admitted:
+    def admit(self, req: Any, *, defer: bool = False) -> Admitted:
         """Decide a request once; returns its tree namespace (refused: a private one).
 
         Never raises: a refusal (no or bad scope, policy denial, an unexpected error) is
         audited, and the request gets a namespace of its own, so it reads and publishes
         nothing shared (SGLang's tree cannot refuse a request; the front end can).
+
+        Args:
+            req: SGLang's request.
+            defer: the caller matches the request next and then calls
+                :meth:`record_admission`, whatever happens: a cacheable admission's
+                event is held back for it (``Admitted.pending``, under
+                :attr:`fold_own_reuse`); it is counted now.
         """
         try:
             seq_id = str(req.rid)
@@ -533,7 +564,7 @@ class SglangGovernance:
                    path=SCOPE_PATH)  # fmt: skip
             return self._private()
         try:
-            return self._admit(req, seq_id, num_tokens, params)
+            return self._admit(req, seq_id, num_tokens, params, defer)
         except Exception as exc:
             _log.exception("kvgov: admitting request %r failed; caching nothing of it", seq_id)
             refuse(
@@ -551,7 +582,12 @@ class SglangGovernance:
         return Admitted(namespace=f"{NAMESPACE_PREFIX}private:{uuid.uuid4().hex}", scope=None)
 
     def _admit(
-        self, req: Any, seq_id: str, num_tokens: int, params: Mapping[str, Any] | None
+        self,
+        req: Any,
+        seq_id: str,
+        num_tokens: int,
+        params: Mapping[str, Any] | None,
+        defer: bool = False,
     ) -> Admitted:
         gov = self.gov
         try:
@@ -576,11 +612,15 @@ class SglangGovernance:
         except AuditUnavailable:  # fail closed: nothing shared unaudited
             return self._private()
         # every request's admission is counted and audited, the decision made or not:
-        # its event is the decided one's with this request's id
+        # its event is the decided one's with this request's id, written now or, held
+        # back, by the request's first match (record_admission), before it uses a page
         gov.count_admission(scope.tenant, num_tokens, 0)
-        gov.audit.record(decided.event.derive(sequence_id=seq_id))
         if decided.ttl is None:  # not cacheable
+            gov.audit.record(decided.event.derive(sequence_id=seq_id))
             return Admitted(namespace=self._private().namespace, scope=scope)
+        pending = decided if defer and self.fold_own_reuse else None
+        if pending is None:
+            gov.audit.record(decided.event.derive(sequence_id=seq_id))
         extra_key = getattr(req, "extra_key", None)
         cache_salt = getattr(req, "cache_salt", None)
         root = decided.root
@@ -605,7 +645,81 @@ class SglangGovernance:
             view=decided.view,
             seq_id=seq_id,
             shared=decided.shared,
+            pending=pending,
         )
+
+    def record_admission(self, req: Any, adm: Admitted, pages: Sequence[int] = ()) -> bool:
+        """Write the admission event :meth:`admit` held back for the request's first match.
+
+        Where ``pages`` (that match's hit, in prefix order, in the request's own
+        namespace: not a share group's) are all of one owner, the request's own
+        scope, the event records their reuse too (:data:`~kvgov.audit.events.OWN_REUSE_KEY`,
+        ``block_ids`` the pages, ``reused_tokens`` their tokens), and the reuse counts
+        as audited (``adm.reused``, the tenant's hit tokens): no ``reuse`` event
+        follows (:meth:`judge_hit` finds nothing left to audit). Otherwise (no hit, a
+        share group's namespace, other owners, an unowned page, a failure while
+        looking) the event is the one :meth:`admit` writes, and the hit is judged and
+        audited apart. Nothing to do (True) if nothing is held back.
+
+        Never raises: an admission that cannot be written refuses the request as
+        :meth:`admit` does (the refusal audited, ``adm`` turned into a private
+        namespace's: it reads and publishes nothing shared) and returns False.
+
+        Args:
+            req: SGLang's request (the refusal's facts).
+            adm: its admission.
+            pages: the page ids of the first match's hit (empty: none or not judged).
+        """
+        decided = adm.pending
+        if decided is None:
+            return True
+        adm.pending = None
+        template = decided.event
+        gov = self.gov
+        event: AuditEvent | None = None
+        own, tenant = 0, ""
+        try:
+            view = adm.view
+            if pages and not adm.shared and view is not None:
+                groups = gov.ledger.owners.group(pages)
+                if len(groups) == 1 and groups[0][0] == view.scope:
+                    own, tenant = len(pages), view.scope.tenant
+                    folded = decided.folded.get(own)
+                    if folded is None:
+                        if len(decided.folded) >= _FOLDS_KEPT:
+                            decided.folded.clear()
+                        tokens = own * self.zeroer.page_size
+                        folded = decided.folded[own] = template.derive(
+                            reused_tokens=tokens,
+                            details={
+                                **template.details,
+                                OWN_REUSE_KEY: {"blocks": own, "reused_tokens": tokens},
+                            },
+                        )
+                    event = folded.derive(sequence_id=adm.seq_id, block_ids=tuple(pages))
+        except Exception:  # the admission is written all the same, the hit judged apart
+            _log.exception("kvgov: folding the reuse of %r into its admission failed", adm.seq_id)
+            event, own = None, 0
+        try:
+            gov.audit.record(event or template.derive(sequence_id=adm.seq_id))
+        except Exception as exc:  # as admit: refused, audited, nothing shared
+            _log.exception("kvgov: the admission of request %r could not be audited", adm.seq_id)
+            try:
+                num_tokens: Any = len(req.origin_input_ids)
+                sp = getattr(req, "sampling_params", None)
+                params = getattr(sp, "custom_params", None) if sp is not None else None
+            except Exception:
+                num_tokens = params = None
+            refuse(gov.ledger, gov.audit, adm.seq_id, num_tokens, describe_error(exc), params,
+                   path=ERROR_PATH)  # fmt: skip
+            adm.namespace = self._private().namespace
+            adm.scope = adm.view = adm.ttl = None
+            adm.shared = False
+            return False
+        if own:  # the hit's tokens count as its reuse is audited (as judge_hit counts them)
+            gov.ledger.counters[tenant].hit_tokens += own * self.zeroer.page_size
+            adm.reused = own
+        return True
 
     def _decide(self, scope: CacheScope, seq_id: str, num_tokens: int) -> Decided:
         """Decide a scope's admission at a prompt length: view, admission policy, plan.
@@ -674,7 +788,9 @@ class SglangGovernance:
         decision per owner scope), the hit is cut at the first page whose owner is
         refused (``share_denied``, audited). The pages kept that were not audited by
         an earlier match of the same request are audited as reused (``reuse``, or
-        ``cross_tenant_reuse`` naming the granting decision), once per owner scope.
+        ``cross_tenant_reuse`` naming the granting decision), once per owner scope;
+        those the request's admission event already holds
+        (:meth:`record_admission`) are not audited again.
         In the tenant's own namespace every page is the tenant's: no decision.
 
         Never raises: a failure (an unowned page, the audit trail down for a
@@ -699,8 +815,9 @@ class SglangGovernance:
             else:
                 keep, granted = len(pages), {}
             if keep > adm.reused:
-                # the admission was recorded before any hit (SGLang matches after it):
+                # the admission's count holds no hit (SGLang matches after admitting):
                 # the hit's tokens count here, once per request as the reuse is audited
+                # (or in record_admission, where the admission's event holds the reuse)
                 gov.ledger.counters[view.scope.tenant].hit_tokens += (
                     keep - adm.reused
                 ) * self.zeroer.page_size
@@ -914,10 +1031,15 @@ class SglangGovernance:
 #: Scope digests kept, then emptied (a bound on memory).
 _DIGESTS_KEPT = 65_536
 #: Admissions kept (scope and prompt length: the admission policy's input), then emptied:
-#: a bound on memory (each holds its view and admission event, a few KiB at most).
+#: a bound on memory (each holds its view and admission event, and up to _FOLDS_KEPT
+#: folded ones: a few KiB, at most some tens).
 _DECIDED_SIZE = 4096
 #: Tree namespaces kept per admission (client extra_key and cache_salt), then emptied.
 _NAMESPACES_KEPT = 1024
+#: Folded admission events kept per admission (one per hit length in pages), then emptied:
+#: with _DECIDED_SIZE, a bound on memory (a scope's hits at one prompt length mostly
+#: have one or two lengths, its shared system prompts').
+_FOLDS_KEPT = 8
 
 
 def _plain(value: object) -> bool:
