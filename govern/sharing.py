@@ -198,11 +198,22 @@ def audit_reuse(
     requester = view.scope.tenant
     counters = ledger.counters[requester]
     per_block = block_size
+    # every owner checked before any event is written: a refused hit records no reuse
+    checked: list[tuple[CacheScope, Sequence[int], Decision | None]] = []
     for owner, ids in ledger.owners.group(reused_ids):
         if owner is None:
             raise InternalError(f"reused blocks {list(ids)[:8]} have no owner")
+        decision = None
+        if owner.tenant != requester:
+            decision = next((d for (_, o), d in granted.items() if o == owner), None)
+            if decision is None:
+                raise InternalError(
+                    f"tenant {requester!r} reused blocks of {owner.tenant!r} unjudged"
+                )
+        checked.append((owner, ids, decision))
+    for owner, ids, decision in checked:
         owner_view = ledger.views.view(owner, admitted=True)
-        if owner.tenant == requester:
+        if decision is None:  # the requester's own tenant
             audit.record(  # kvgov's own values only: the scopes, the checked id, the blocks
                 trusted_event(
                     EventType.REUSE,
@@ -215,9 +226,6 @@ def audit_reuse(
             )
             continue
         fields = {**owner_view.fields, "requester_tenant": requester}
-        decision = next((d for (_, o), d in granted.items() if o == owner), None)
-        if decision is None:
-            raise InternalError(f"tenant {requester!r} reused blocks of {owner.tenant!r} unjudged")
         counters.cross_tenant_reuses += 1
         _critical(
             audit,

@@ -818,9 +818,6 @@ class SglangGovernance:
                 # the admission's count holds no hit (SGLang matches after admitting):
                 # the hit's tokens count here, once per request as the reuse is audited
                 # (or in record_admission, where the admission's event holds the reuse)
-                gov.ledger.counters[view.scope.tenant].hit_tokens += (
-                    keep - adm.reused
-                ) * self.zeroer.page_size
                 sharing.audit_reuse(
                     gov.ledger,
                     gov.audit,
@@ -830,6 +827,9 @@ class SglangGovernance:
                     adm.seq_id,
                     granted,
                 )
+                gov.ledger.counters[view.scope.tenant].hit_tokens += (
+                    keep - adm.reused
+                ) * self.zeroer.page_size
                 adm.reused = keep
         except Exception:
             _log.exception("kvgov: judging the hit of request %r failed; refusing it", adm.seq_id)

@@ -473,16 +473,19 @@ def test_a_hit_with_an_unowned_page_is_not_folded_and_is_refused(
     warm: tuple[Any, str, list[int]],
 ) -> None:
     """The admission is written as without a hit, then the hit is judged apart: a page
-    without an owner refuses it (as before the fold)."""
+    without an owner refuses it, and a refused hit records no reuse and counts no hit
+    tokens (the owned pages before the unowned one were once audited as reused)."""
     cache, url, pages = warm
     cache.kvgov.gov.ledger.owners.table[pages[5]] = None
+    counters = cache.kvgov.gov.ledger.counters["acme"]
+    hit_tokens = counters.hit_tokens
     assert _match(cache, _req(1, "acme", _prompt(0))).device_prefix_len == 0
     rows = _rows(cache, url)
     (kind, seq_id, ids, reused, details) = rows[1]
     assert (kind, seq_id, ids, reused) == ("admission", "r1", [], 0)
     assert OWN_REUSE_KEY not in details
-    # judged apart, as without the fold (the owned pages before it audited as reused)
-    assert [row[:2] for row in rows[2:]] == [("reuse", "r1")]
+    assert [row[:2] for row in rows[2:]] == []
+    assert counters.hit_tokens == hit_tokens
 
 
 def test_the_admission_is_written_when_the_match_fails(
