@@ -46,6 +46,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 from vllm.v1.engine import EngineCoreOutput, FinishReason
 
+from kvgov.allocator.zeroize import zero_rows
 from kvgov.exceptions import UnsupportedEngine
 
 from ..touch import Touch
@@ -625,17 +626,21 @@ def state_tensors(groups: Iterable[Any], context: Mapping[str, Any]) -> list[Any
 def zero_states(states: Sequence[Any], block_ids: Sequence[int], index: Any = None) -> None:
     """Zero the given blocks (dim 0) of each state tensor: one indexed fill per tensor.
 
-    ``index`` is the ids as a ``torch.long`` tensor on the states' device (built here
-    when None).
+    On CPU by :func:`~kvgov.allocator.zeroize.zero_rows` (on the calling thread, not
+    torch's OpenMP workers); elsewhere ``index_fill_`` with ``index``, the ids as a
+    ``torch.long`` tensor on the states' device (built here when None).
     """
     if not states or not block_ids:
         return
-    if index is None:
+    if index is None and states[0].device.type != "cpu":
         import torch
 
         index = torch.tensor(list(block_ids), dtype=torch.long, device=states[0].device)
     for state in states:
-        state.index_fill_(0, index, 0)
+        if state.device.type == "cpu":
+            zero_rows(state, block_ids)  # on this thread, not torch's OpenMP workers
+        else:
+            state.index_fill_(0, index, 0)
 
 
 def install_cpu_zeroer() -> bool:
@@ -668,7 +673,6 @@ def install_cpu_zeroer() -> bool:
         Mamba layer's state tensors."""
         if not block_ids:
             return
-        index = torch.tensor(block_ids, dtype=torch.long)
         skip = getattr(self, "runner_only_attn_layers", ()) or ()
         context = self.compilation_config.static_forward_context
         groups = self.kv_cache_config.kv_cache_groups
@@ -681,8 +685,8 @@ def install_cpu_zeroer() -> bool:
                 if name in skip or not isinstance(kv, torch.Tensor) or kv.data_ptr() in seen:
                     continue
                 seen.add(kv.data_ptr())
-                kv.index_fill_(0, index, 0)
-        zero_states(state_tensors(groups, context), block_ids, index)
+                zero_rows(kv, block_ids)  # on this thread, not torch's OpenMP workers
+        zero_states(state_tensors(groups, context), block_ids)
 
     _zero_block_ids.__wrapped__ = CPUModelRunner._zero_block_ids  # type: ignore[attr-defined]  # vLLM's, for tests
     CPUModelRunner._zero_block_ids = _mark(_zero_block_ids)

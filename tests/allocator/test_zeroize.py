@@ -12,6 +12,7 @@ from kvgov.allocator.zeroize import (
     RunViews,
     coalesce_runs,
     make_zeroizer,
+    zero_rows,
 )
 from kvgov.exceptions import ZeroizationError
 
@@ -146,3 +147,52 @@ def test_cuda_zeroizer_clears_runs_on_the_device() -> None:
             assert not words[b].any().item()
         else:
             assert torch.equal(words[b], before[b])
+
+
+# ---------------------------------------------------------------- zero_rows (engine tensors)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
+def test_zero_rows_zeroes_exactly_the_rows(dtype: torch.dtype) -> None:
+    t = (torch.arange(1, 8 * 4 * 3 + 1) % 100 + 1).reshape(8, 4, 3).to(dtype)
+    expected = t.clone()
+    expected.index_fill_(0, torch.tensor([1, 5, 6]), 0)
+    zero_rows(t, [5, 1, 6, 5])
+    assert torch.equal(t, expected)
+    assert t[0].ne(0).all() and t[7].ne(0).all()
+
+
+def test_zero_rows_on_strided_views_leaves_the_bytes_around_them() -> None:
+    """A Mamba state is a view of each block's page ([blocks, *shape], the block's stride
+    the page's): only the view's elements of the given blocks are cleared."""
+    page = torch.arange(1.0, 8 * 100 + 1).reshape(8, 100)
+    conv = page[:, 10:40].view(8, 5, 6)
+    ssm = page[:, 40:100].view(8, 6, 10)
+    zero_rows(conv, [2, 3])
+    zero_rows(ssm, [3])
+    assert page[2, 10:40].eq(0).all() and page[3, 10:100].eq(0).all()
+    assert page[2, :10].ne(0).all() and page[2, 40:].ne(0).all() and page[3, :10].ne(0).all()
+    assert page[[0, 1, 4, 5, 6, 7]].ne(0).all()
+
+
+def test_zero_rows_falls_back_where_numpy_cannot_view_the_bytes() -> None:
+    base = torch.arange(1.0, 8 * 6 + 1).reshape(8, 6)
+    strided = base[:, ::2]  # last dimension strided
+    zero_rows(strided, [4])
+    assert base[4, ::2].eq(0).all() and base[4, 1::2].ne(0).all()
+    assert base[[0, 1, 2, 3, 5, 6, 7]].ne(0).all()
+
+
+@pytest.mark.parametrize("rows", [[8], [-1], [0, 9]])
+def test_zero_rows_out_of_range_changes_nothing(rows: list[int]) -> None:
+    t = torch.arange(1.0, 8 * 3 + 1).reshape(8, 3)
+    before = t.clone()
+    with pytest.raises(IndexError, match="outside the first dimension of 8"):
+        zero_rows(t, rows)
+    assert torch.equal(t, before)
+
+
+def test_zero_rows_of_nothing_is_nothing() -> None:
+    t = torch.ones(4, 2)
+    zero_rows(t, [])
+    assert t.eq(1).all()
