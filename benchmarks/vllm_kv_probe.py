@@ -18,7 +18,9 @@ pool of block ids for all of them; vLLM allocates each KV tensor once and lets o
 layer of every group view it (a block id belongs to one group's request at a time).
 The probe reads every layer, and reports per group too (``groups``: the group's
 attention type, its layers, and the blocks non-zero in the tensors its layers view),
-so a test can say that no group's tensors keep KV a block's last owner left.
+so a test can say that no group's tensors keep KV a block's last owner left. A Mamba
+layer's ``kv_cache`` is a tuple of state tensors (conv and ssm state, blocks on dim 0):
+each is read, and reported per state tensor (``states``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ def kv_state(worker: Any) -> dict[str, Any]:
     """In the worker: ``nonzero``, the block ids with a non-zero KV byte in any layer
     (block 0, vLLM's null block, never holds KV); ``num_blocks``; ``shape`` of layer 0;
     ``groups``, per KV cache group: ``kind`` (its spec's class), ``layers``, ``nonzero``
-    (the blocks non-zero in its layers' tensors) and ``tensors`` (their distinct storages)."""
+    (the blocks non-zero in its layers' tensors, every state tensor of a Mamba layer
+    included), ``tensors`` (their distinct storages) and ``states`` (a Mamba group: per
+    state tensor, conv then ssm, the blocks non-zero in it over the group's layers; an
+    attention group: empty)."""
     runner = worker.model_runner
     kv_caches = runner.kv_caches
     num_blocks = int(kv_caches[0].shape[0])  # the CPU runner: blocks on dim 0
@@ -50,17 +55,24 @@ def kv_state(worker: Any) -> dict[str, Any]:
     for group in runner.kv_cache_config.kv_cache_groups:
         seen: set[int] = set()
         group_nonzero: set[int] = set()
+        states: list[set[int]] = []  # a Mamba layer's state tensors (conv, ssm), each
         for name in group.layer_names:
             kv = context[name].kv_cache
-            kv = kv[0] if isinstance(kv, (list, tuple)) else kv
-            seen.add(int(kv.data_ptr()))
-            group_nonzero |= _nonzero(kv, num_blocks)
+            parts = list(kv) if isinstance(kv, (list, tuple)) else [kv]
+            seen.add(int(parts[0].data_ptr()))
+            for i, part in enumerate(parts):
+                ids = _nonzero(part, num_blocks)
+                group_nonzero |= ids
+                if len(parts) > 1:
+                    states.extend(set() for _ in range(i + 1 - len(states)))
+                    states[i] |= ids
         groups.append(
             {
                 "kind": type(group.kv_cache_spec).__name__,
                 "layers": list(group.layer_names),
                 "nonzero": sorted(group_nonzero),
                 "tensors": sorted(seen),
+                "states": [sorted(ids) for ids in states],
             }
         )
     return {

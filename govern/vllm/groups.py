@@ -11,6 +11,12 @@ group pads the blocks outside its window with vLLM's null block, and a Mamba gro
 those shapes; :func:`check_groups` refuses the groups whose KV kvgov cannot govern
 (see docs/vllm.md, "KV layouts: governed and refused").
 
+With prefix caching off (vLLM's ``KVCacheCoordinatorNoPrefixCache``) and no KV
+connector nothing is hashed, looked up or cached: every block is a request's from its
+allocation to its release, and the groups may have different block sizes (a Mamba group
+in ``mamba_cache_mode="none"`` has one state block per request spanning the model's
+length); kvgov governs them as they are (owner while held, zeroing ordered at release).
+
 A Mamba group's blocks hold per-request recurrent state (conv and ssm state), not
 per-token KV; vLLM frees the state blocks a running request no longer needs each step
 and, with prefix caching ("align" mode), caches the state at block boundaries under
@@ -80,15 +86,28 @@ _COORDINATORS = (
 )
 
 
-def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -> None:
+def check_groups(
+    kv_cache_config: Any, coordinator: Any, hash_block_size: int, *, connector: bool = False
+) -> None:
     """Refuse a KV cache whose groups kvgov cannot govern.
+
+    ``connector``: a KV connector is attached (vLLM then hashes every request, prefix
+    caching on or off, and the connector loads whole blocks of the hash block size).
+
+    The block sizes are checked only where requests are hashed (prefix caching on, or a
+    KV connector): with prefix caching off and no connector (vLLM's
+    ``KVCacheCoordinatorNoPrefixCache``) nothing is hashed, looked up, cached or shared,
+    so groups of different block sizes (a Mamba group in ``mamba_cache_mode="none"``,
+    whose one state block per request spans the model's length) are governed as they
+    are: every block is owned while a request holds it and ordered zeroed when it leaves.
 
     Raises:
         UnsupportedEngine: a manager outside :data:`GOVERNED_MANAGERS`; a coordinator
-            kvgov does not know; a group whose block size is not the hash block size
-            (partial-block prefix caching); a Mamba group where this process lacks
-            kvgov's state zeroer (:func:`check_state_zeroing`); on the CPU build, a
-            group whose blocks the workers' zeroer would not clear
+            kvgov does not know; where requests are hashed, a group whose block size is
+            not the hash block size (partial-block prefix caching, or a Mamba group
+            outside "align" mode with a KV connector); a Mamba group where this process
+            lacks kvgov's state zeroer (:func:`check_state_zeroing`); on the CPU build,
+            a group whose blocks the workers' zeroer would not clear
             (:func:`check_cpu_zeroing`).
     """
     if type(coordinator) not in _COORDINATORS:
@@ -105,13 +124,18 @@ def check_groups(kv_cache_config: Any, coordinator: Any, hash_block_size: int) -
             "serve a model whose layers use full, sliding-window, chunked local or cross "
             "attention, or Mamba / linear-attention state",
         )
-    for group in kv_cache_config.kv_cache_groups:
+    hashed = connector or type(coordinator) is not KVCacheCoordinatorNoPrefixCache
+    for group in kv_cache_config.kv_cache_groups if hashed else ():
         size = group.kv_cache_spec.block_size
         if size != hash_block_size:
+            with_connector = " with a KV connector" if connector else ""
             raise UnsupportedEngine(
-                f"a hash block size of {hash_block_size} with blocks of {size} tokens",
+                f"a hash block size of {hash_block_size} with blocks of {size} tokens"
+                f"{with_connector} (kvgov's hit judging, the owners of a hit and a "
+                "connector's loads count whole blocks of the hash block size)",
                 "use one block size for every KV cache group (for a Mamba hybrid: prefix "
-                "caching on, mamba_cache_mode 'align', no prefix_match_unit)",
+                "caching on, mamba_cache_mode 'align', no prefix_match_unit), or turn "
+                "prefix caching off and run without a KV connector",
             )
     on_cpu = current_platform.is_cpu()
     check_state_zeroing(

@@ -288,13 +288,17 @@ def _check_governable(sched: Any) -> None:
     Raises:
         UnsupportedEngine: a KV cache group kvgov does not govern (sink, R-SWA,
             HiSparse, circular buffers; Mamba state without kvgov's state zeroer:
-            :func:`.groups.check_groups`) or a hash block size other than a group's
+            :func:`.groups.check_groups`) or, where requests are hashed (prefix
+            caching on, or a KV connector), a hash block size other than a group's
             block size. A KV connector is
             classified after the binding opened (:mod:`.connectors`: governed by
             kind, or refused by name).
     """
     groups.check_groups(
-        sched.kv_cache_config, sched.kv_cache_manager.coordinator, sched.hash_block_size
+        sched.kv_cache_config,
+        sched.kv_cache_manager.coordinator,
+        sched.hash_block_size,
+        connector=sched.connector is not None,
     )
 
 

@@ -128,6 +128,7 @@ class Harness:
         model_dir: Path | None = None,
         tokenizer: Path | None = None,
         mamba_cache_mode: str | None = None,
+        max_model_len: int = 2048,
     ) -> VllmConfig:
         settings = {"audit_url": self.audit_url, "model_revision": "r1", **(kvgov or {})}
         model_config = ModelConfig(
@@ -135,16 +136,19 @@ class Harness:
             tokenizer=str(tokenizer) if tokenizer else None,
             dtype="float16",
             seed=42,
-            skip_tokenizer_init=True,
-            max_model_len=2048,
+            # an encoder-decoder model's processor needs its tokenizer (``tokenizer``), and
+            # hashes its dummy inputs (sha256: blake3 is not in the venv)
+            skip_tokenizer_init=tokenizer is None,
+            max_model_len=max_model_len,
+            **({"mm_hasher_algorithm": "sha256"} if tokenizer else {}),
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=8192,
-            max_model_len=2048,
+            max_model_len=max_model_len,
             enable_chunked_prefill=True,
             async_scheduling=async_scheduling,
-            is_encoder_decoder=False,
+            is_encoder_decoder=model_config.is_encoder_decoder,
         )
         cache_config = CacheConfig(
             block_size=BS,
@@ -173,8 +177,12 @@ class Harness:
         num_blocks: int = 200,
         retention_interval: int | None = None,
         kv_cache_tensors: list[Any] | None = None,
+        block_size: int = BS,
         **config: Any,
     ) -> Any:
+        """A scheduler (``cls``) over KV cache groups of ``specs`` (default: one full
+        attention group); ``block_size`` is the scheduler's (vLLM's engine gives it the
+        least common multiple of the groups' block sizes)."""
         vllm_config = self.config(num_blocks=num_blocks, **config)
         if config.get("async_scheduling"):  # the CPU platform turns it off; the engine may not
             vllm_config.scheduler_config.async_scheduling = True
@@ -191,7 +199,7 @@ class Harness:
         sched = cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
-            block_size=BS,
+            block_size=block_size,
             log_stats=True,
             structured_output_manager=StructuredOutputManager(vllm_config),
         )
@@ -220,6 +228,7 @@ class Harness:
         xargs: dict[str, Any] | None = None,
         lora: tuple[str, str] | None = None,
         mm: list[tuple[str, int, int]] | None = None,
+        modality: str = "image",
         salt: str | None = None,
         max_tokens: int = 2,
     ) -> Request:
@@ -242,7 +251,7 @@ class Harness:
                     data=MultiModalKwargsItem.dummy(),
                     mm_position=PlaceholderRange(offset=offset, length=length),
                     identifier=identifier,
-                    modality="image",
+                    modality=modality,
                 )
                 for identifier, offset, length in mm
             ]

@@ -9,9 +9,11 @@ block that leaves an owner is cached (owner and retention kept) or ordered zeroe
 like an attention block; the fake worker checks no block, state blocks included, is
 written while it still holds another request's bytes.
 
-The CPU build of vLLM cannot run Mamba kernels, so there is no real-engine test of a
-hybrid: the scheduler runs here with a fake worker, and the workers' zeroers are tested
-on state tensors of their own (``test_the_zeroers_clear_mamba_state_tensors``).
+The CPU build of vLLM runs no Mamba hybrid with prefix caching on (Jamba's Mamba1
+kernel is missing, GraniteMoeHybrid's Mamba2 fails with it), so "align" mode is tested
+here, with a fake worker, and the workers' zeroers on state tensors of their own
+(``test_the_zeroers_clear_mamba_state_tensors``); a Mamba2 hybrid without prefix caching
+("none" mode) runs on the real engine in ``e2e/test_mamba_no_prefix.py``.
 """
 
 from __future__ import annotations
@@ -327,9 +329,11 @@ def test_a_mamba_group_is_refused_without_kvgovs_state_zeroer(
 
 
 def test_a_mamba_block_size_other_than_the_hash_block_size_is_refused(vllm: Any) -> None:
-    """Mamba outside "align" mode (prefix caching off) has blocks of another size (vLLM
-    makes them the model's length): refused, as any group whose block size is not the
-    hash block size (the binding reads one block size for every group)."""
+    """Under a caching coordinator, a Mamba group whose blocks are of another size (outside
+    "align" mode vLLM makes them the model's length) is refused, as any group whose block
+    size is not the hash block size (hits are judged in whole blocks of one size). With
+    prefix caching off and no KV connector nothing is hashed, and the same groups are
+    governed (``test_no_prefix_cache.py``)."""
     import dataclasses
 
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec

@@ -41,7 +41,8 @@ def start_llm(model: Path, governed: bool, kvgov: dict[str, Any], **settings: An
     block size and model length of ``vllm_cpu_env``, prefix caching on, the KV probe as the
     worker extension (``collective_rpc("kvgov_kv_state")``). Governed: kvgov's scheduler,
     ``additional_config={"kvgov": kvgov}``; stock: kvgov's plugin excluded. ``settings``
-    are the module's own (``num_gpu_blocks_override``, a speculative config, ...)."""
+    are the module's own (``num_gpu_blocks_override``, a speculative config,
+    ``enable_prefix_caching=False``, ...)."""
     from vllm import LLM
     from vllm_cpu_env import BLOCK_SIZE, GOVERNED_SCHEDULER, KV_PROBE, MAX_MODEL_LEN, engine_env
 
@@ -50,15 +51,15 @@ def start_llm(model: Path, governed: bool, kvgov: dict[str, Any], **settings: An
     os.environ.update(engine_env(governed, {"KVGOV_KEY_SECRET": SECRET}))  # the engine core's
     if governed:
         settings.update(scheduler_cls=GOVERNED_SCHEDULER, additional_config={"kvgov": kvgov})
+    settings.setdefault("enable_prefix_caching", True)
+    settings.setdefault("max_model_len", MAX_MODEL_LEN)
     try:
         return LLM(
             model=str(model),
             load_format="dummy",
             dtype="float32",
             block_size=BLOCK_SIZE,
-            max_model_len=MAX_MODEL_LEN,
             enforce_eager=True,
-            enable_prefix_caching=True,
             worker_extension_cls=KV_PROBE,
             **settings,
         )

@@ -7,9 +7,10 @@
    ``openai`` client, pytest, and kvgov itself (editable); reused while its stamp matches;
 2. the tests of this folder (marker ``vllm_e2e``), which write the tiny models at test time
    (OPT, and a Gemma-2-shaped hybrid of full and sliding-window attention, also with the
-   window on every layer) and start real engines: OpenAI servers stock and governed, and
-   ``LLM(...)`` in-process (the hybrid and window-only models; n-gram speculative
-   decoding);
+   window on every layer; a Mamba2 + attention GraniteMoeHybrid and a Whisper, both run
+   with prefix caching off) and start real engines: OpenAI servers stock and governed,
+   and ``LLM(...)`` (the hybrid, window-only, Mamba2 and Whisper models; n-gram
+   speculative decoding);
    and the ``vllm`` blocks of docs/vllm.md that run on the CPU (``test_docs_blocks.py``);
    one pytest process per module, side by side (an engine's start is mostly waiting);
 3. beside them, the binding's own tests (``tests/govern/vllm``, no engine) on vLLM 0.32,
@@ -46,6 +47,13 @@ RUNS = {
     "test_ngram.py, test_window_only.py": [
         f"{E2E}/test_ngram.py",
         f"{E2E}/test_window_only.py",
+        "-m",
+        "vllm_e2e",
+    ],
+    # prefix caching off: a Mamba2 hybrid, then Whisper (one module's engines at a time)
+    "test_mamba_no_prefix.py, test_whisper_no_prefix.py": [
+        f"{E2E}/test_mamba_no_prefix.py",
+        f"{E2E}/test_whisper_no_prefix.py",
         "-m",
         "vllm_e2e",
     ],
