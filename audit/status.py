@@ -163,13 +163,15 @@ def find_stream_files(
     Returns:
         One entry per spool base, sorted by path.
     """
-    bases: set[Path] = set(spools)
+    # one entry per file however it was named (a spool given by its absolute path and
+    # found again in the scanned directory is one stream), as it was first named
+    bases = {path.absolute(): path for path in spools}
     if directory is not None and directory.is_dir():
         for entry in directory.iterdir():
             base = _base_of(entry)
             if base is not None:
-                bases.add(base)
-    return [_stream_files(b) for b in sorted(bases)]
+                bases.setdefault(base.absolute(), base)
+    return [_stream_files(b) for b in sorted(bases.values())]
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,7 +160,9 @@ class Server:
     num_blocks: int | None = None
     kv_probe: bool = False  # VLLM_SERVER_DEV_MODE and the KvProbe worker extension
     port: int = field(default_factory=free_port)
-    cwd: Path | None = None  # the server's working directory (None: this process's)
+    # the server's working directory, where kvgov's audit spool and writer marker go when
+    # the trail is not in a SQLite file (None: the log's folder, not the caller's)
+    cwd: Path | None = None
     extra_args: list[str] = field(default_factory=list)  # more ``vllm serve`` arguments
     proc: subprocess.Popen[bytes] | None = None
     started_s: float = 0.0
@@ -182,8 +184,8 @@ class Server:
 
     def command(self) -> list[str]:
         cmd = [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model), "--served-model-name", MODEL_NAME,
+            str(self.python.absolute()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model.absolute()), "--served-model-name", MODEL_NAME,
             "--load-format", "dummy", "--dtype", "float32",
             "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
             "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
@@ -207,7 +209,7 @@ class Server:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 self.command(),
-                cwd=self.cwd,
+                cwd=self.cwd if self.cwd is not None else self.log.parent,
                 env=self.environment(),
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -139,8 +139,14 @@ def test_counts_and_checkpoints_in_every_format(url: str) -> None:
     assert cps and set(cps[0]) >= {"stream", "seq", "chain_hash", "signature", "time"}
 
 
-def test_status_and_quarantine_list_take_format(tmp_path: Path) -> None:
+def test_status_and_quarantine_list_take_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """status --format jsonl prints one object per spool; csv a header line."""
+    # status also lists the streams of the working directory: an empty one here (a
+    # checkout's root holds the markers of any server a benchmark or test ran there)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     spool = tmp_path / "w1.spool.jsonl"
     spool.write_text("")
     out = _run(["status", "--spool", str(spool), "--format", "jsonl"])
@@ -164,3 +170,16 @@ def test_export_takes_json_too(url: str, tmp_path: Path) -> None:
     out = tmp_path / "all.json"
     _run(["export", "--url", url, "--format", "json", "--output", str(out)])
     assert json.loads(out.read_text()) == jsonl and len(jsonl) == 4
+
+
+def test_status_lists_a_spool_once_when_its_directory_is_scanned_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spool given by its absolute path, in the working directory status scans, is one
+    stream, not two (it was listed under both names)."""
+    monkeypatch.chdir(tmp_path)
+    spool = tmp_path / "kvgov-audit.w1.spool.jsonl"
+    spool.write_text("")
+    out = _run(["status", "--spool", str(spool), "--format", "jsonl"])
+    [entry] = [json.loads(x) for x in out.splitlines()]
+    assert entry["spool"] == str(spool)
