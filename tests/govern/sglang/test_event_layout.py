@@ -44,22 +44,19 @@ pytestmark = pytest.mark.sglang
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
-from click.testing import CliRunner  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from kvgov.audit import AuditQueries, AuditRecord, upgrade, verify  # noqa: E402
 from kvgov.audit.events import OWN_REUSE_KEY  # noqa: E402
-from kvgov.cli.audit import audit_group  # noqa: E402
 from kvgov.govern import refusal  # noqa: E402
 from kvgov.govern.sglang.governance import SglangGovernance  # noqa: E402
 from kvgov.policy import engine  # noqa: E402
+from tests.support.audit_answers import cli, export, unnamed  # noqa: E402
 
 from .test_differential import PAGE, _build, _drive_checkpoint, _req  # noqa: E402
 
-#: What names a stored row: the one thing the layouts cannot share.
-ROW_NAMES = ("event_id", "seq", "hash")
 TENANTS = ("acme", "bank", "clinic", "denied")
 START = 1_700_000_000.0
 POLICY = {
@@ -137,46 +134,8 @@ def _workload(cache: Any, alloc: Any, kv: Any, clock: StepClock) -> dict[str, in
     return {tenant: gov.ledger.counters[tenant].hit_tokens for tenant in ("acme", "bank", "clinic")}
 
 
-def _cli(url: str, *args: str) -> str:
-    result = CliRunner().invoke(audit_group, [*args, "--url", url])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def _export(url: str, fmt: str, path: Path) -> str:
-    _cli(url, "export", "--format", fmt, "--output", str(path))
-    return path.read_text(encoding="utf-8")
-
-
-def _unnamed(value: Any) -> Any:
-    """``value`` (parsed JSON) without the names of stored rows and measured durations."""
-    if isinstance(value, list):
-        return [_unnamed(v) for v in value]
-    if isinstance(value, dict):
-        out = {k: _unnamed(v) for k, v in value.items() if k not in ROW_NAMES}
-        labels = out.get("labels")
-        if isinstance(labels, dict):  # the OPA decision log names its event
-            out["labels"] = {k: v for k, v in labels.items() if k != "kvgov_event"}
-        details = out.get("details")
-        if isinstance(details, str) and details.startswith("{"):  # csv: JSON text
-            out["details"] = json.dumps(_unnamed(json.loads(details)), sort_keys=True)
-        elif isinstance(details, dict):
-            out["details"] = _unnamed(details)
-        if out.get("type") == "zeroization" and isinstance(out.get("details"), dict):
-            out["details"] = {k: v for k, v in out["details"].items() if k != "seconds"}
-        if out.get("type") == "zeroization" and isinstance(out.get("details"), str):
-            d = json.loads(out["details"])
-            d.pop("seconds", None)
-            out["details"] = json.dumps(d, sort_keys=True)
-        result = out.get("result")
-        if isinstance(result, dict):  # the OPA decision log's event
-            out["result"] = _unnamed(result)
-        return out
-    return value
-
-
 def _records(records: Any) -> list[dict[str, Any]]:
-    return [_unnamed(r.to_dict() if isinstance(r, AuditRecord) else dict(r)) for r in records]
+    return [unnamed(r.to_dict() if isinstance(r, AuditRecord) else dict(r)) for r in records]
 
 
 def _api(url: str, tmp_path: Path) -> dict[str, Any]:
@@ -217,7 +176,7 @@ def _api(url: str, tmp_path: Path) -> dict[str, Any]:
                 rows = json.loads(buf.getvalue())
             else:
                 rows = list(csv.DictReader(io.StringIO(buf.getvalue())))
-            out[f"export {fmt}"] = _unnamed(rows)
+            out[f"export {fmt}"] = unnamed(rows)
     return out
 
 
@@ -237,23 +196,23 @@ def _commands(url: str, tmp_path: Path) -> dict[str, Any]:
         queries += [["denials", "--tenant", tenant], ["events", "--tenant", tenant]]
     for kind in ("admission", "reuse", "cross_tenant_reuse", "policy_denied", "zeroization"):
         queries.append(["events", "--type", kind])
-    revisions = {r["policy_revision"] for r in json.loads(_cli(url, "events", "--json"))}
+    revisions = {r["policy_revision"] for r in json.loads(cli(url, "events", "--json"))}
     for rev in sorted(r for r in revisions if r):
         queries.append(["decisions", "--policy-revision", rev])
     for q in queries:
-        out["cli " + " ".join(q)] = _unnamed(json.loads(_cli(url, *q, "--json")))
+        out["cli " + " ".join(q)] = unnamed(json.loads(cli(url, *q, "--json")))
     for by in ("type", "tenant", "requester_tenant", "stream", "policy_revision"):
-        out[f"cli count-by {by}"] = json.loads(_cli(url, "events", "--count-by", by, "--json"))
+        out[f"cli count-by {by}"] = json.loads(cli(url, "events", "--count-by", by, "--json"))
     out["cli export jsonl"] = [
-        _unnamed(json.loads(line))
-        for line in _export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
+        unnamed(json.loads(line))
+        for line in export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
     ]
-    out["cli export json"] = _unnamed(json.loads(_export(url, "json", tmp_path / "x.json")))
-    rows = list(csv.DictReader(io.StringIO(_export(url, "csv", tmp_path / "x.csv"))))
-    out["cli export csv"] = _unnamed(rows)
+    out["cli export json"] = unnamed(json.loads(export(url, "json", tmp_path / "x.json")))
+    rows = list(csv.DictReader(io.StringIO(export(url, "csv", tmp_path / "x.csv"))))
+    out["cli export csv"] = unnamed(rows)
     out["cli export opa-decision-log"] = [
-        _unnamed(json.loads(line))
-        for line in _export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
+        unnamed(json.loads(line))
+        for line in export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
     ]
     return out
 

@@ -23,18 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from kvgov.audit import verify
-from kvgov.cli.audit import audit_group
 from kvgov.govern import refusal
 from kvgov.policy import engine
+from tests.support.audit_answers import cli, export, unnamed
 
 pytestmark = pytest.mark.vllm
 
-#: What names a stored row: the one thing the layouts cannot share.
-ROW_NAMES = ("event_id", "seq", "hash")
 TENANTS = ("bank", "clinic", "acme")
 GROUP = {"pub": {"publishers": ["bank", "clinic"], "classifications": ["public"]}}
 POLICY = {
@@ -94,30 +91,6 @@ def _workload(vllm: Any, clock: Any, url: str) -> None:
     sched.shutdown()
 
 
-def _cli(url: str, *args: str) -> str:
-    result = CliRunner().invoke(audit_group, [*args, "--url", url])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def _export(url: str, fmt: str, path: Path) -> str:
-    _cli(url, "export", "--format", fmt, "--output", str(path))
-    return path.read_text(encoding="utf-8")
-
-
-def _unnamed(value: Any) -> Any:
-    """``value`` (parsed JSON) without the names of stored rows."""
-    if isinstance(value, list):
-        return [_unnamed(v) for v in value]
-    if isinstance(value, dict):
-        out = {k: _unnamed(v) for k, v in value.items() if k not in ROW_NAMES}
-        labels = out.get("labels")
-        if isinstance(labels, dict):  # the OPA decision log names its event
-            out["labels"] = {k: v for k, v in labels.items() if k != "kvgov_event"}
-        return out
-    return value
-
-
 def _answers(url: str, tmp_path: Path) -> dict[str, Any]:
     """Every compliance command's output, parsed, row names left out."""
     out: dict[str, Any] = {}
@@ -134,23 +107,23 @@ def _answers(url: str, tmp_path: Path) -> dict[str, Any]:
         queries += [["denials", "--tenant", tenant], ["events", "--tenant", tenant]]
     for kind in ("admission", "reuse", "cross_tenant_reuse", "policy_denied", "zeroization"):
         queries.append(["events", "--type", kind])
-    for rev in {r["policy_revision"] for r in json.loads(_cli(url, "events", "--json"))}:
+    for rev in {r["policy_revision"] for r in json.loads(cli(url, "events", "--json"))}:
         if rev:
             queries.append(["decisions", "--policy-revision", rev])
     for q in queries:
-        out[" ".join(q)] = _unnamed(json.loads(_cli(url, *q, "--json")))
+        out[" ".join(q)] = unnamed(json.loads(cli(url, *q, "--json")))
     for by in ("type", "tenant", "requester_tenant", "stream", "policy_revision"):
-        out[f"count-by {by}"] = json.loads(_cli(url, "events", "--count-by", by, "--json"))
+        out[f"count-by {by}"] = json.loads(cli(url, "events", "--count-by", by, "--json"))
     out["export jsonl"] = [
-        _unnamed(json.loads(line))
-        for line in _export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
+        unnamed(json.loads(line))
+        for line in export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
     ]
-    out["export json"] = _unnamed(json.loads(_export(url, "json", tmp_path / "x.json")))
-    rows = list(csv.DictReader(io.StringIO(_export(url, "csv", tmp_path / "x.csv"))))
-    out["export csv"] = _unnamed(rows)
+    out["export json"] = unnamed(json.loads(export(url, "json", tmp_path / "x.json")))
+    rows = list(csv.DictReader(io.StringIO(export(url, "csv", tmp_path / "x.csv"))))
+    out["export csv"] = unnamed(rows)
     out["export opa-decision-log"] = [
-        _unnamed(json.loads(line))
-        for line in _export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
+        unnamed(json.loads(line))
+        for line in export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
     ]
     return out
 
