@@ -27,7 +27,10 @@ locks, evictions and checkpoints); what changes:
   zeroed in every layer's K and V before any ``alloc*`` can hand it out again,
   all pages released since the last allocation in one indexed fill per layer
   (per buffer where a layer's K and V are not one allocation's halves), and
-  audited (``zeroization``, per owner).
+  audited (``zeroization``, per owner);
+* with HiCache, the device pages a load back from host memory takes are owned by the
+  node namespace's one scope and their reuse audited; in a namespace without one owner
+  (a share group's) host copies are not loaded back (:meth:`load_back`).
 
 :func:`kvgov_radix_cache_factory` is the ``kvgov`` radix-cache backend
 (:mod:`.plugin` registers it); it refuses HiCache and KV events at start.
@@ -488,6 +491,34 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             storage_hit_end,
         )
         return result
+
+    def load_back(self, node_id: Any, mem_quota: int | None = None, req: Any = None) -> bool:
+        """SGLang's host-to-device load, its pages owned (and their reuse audited).
+
+        The device pages a load back takes hold KV that left the device earlier (a
+        write-through copy, or pages a prefetch brought from L3): no insert attributes
+        them, so here they become the node namespace's one owner's, as a bare insert's
+        would (:meth:`_kvgov_owner`); the loading request's reuse of them is audited
+        (:meth:`SglangGovernance.judge_hit`). In a namespace without one owner (a share
+        group's once several scopes were admitted into it, or one kvgov does not hold
+        live) nothing is loaded: the owner of each host page would be a guess, and its
+        use would escape the sharing policy. SGLang then computes the prefix again.
+        """
+        if self.cache_controller is None:
+            return bool(super().load_back(node_id, mem_quota, req))
+        ns, _salt = self.tree_core.prefetch_anchor_info(node_id)
+        scope, ttl = self.kvgov_namespaces.get(ns, _SEVERAL)
+        if scope is None:
+            return False
+        if not super().load_back(node_id, mem_quota, req):
+            return False
+        unit = self.kvgov_unit
+        pages = [slot // unit for slot in self.path_device_indices(node_id)[::unit].tolist()]
+        self.kvgov.owned(pages, scope, ttl)
+        adm: Admitted | None = getattr(req, _ADMITTED, None) if req is not None else None
+        if adm is not None and adm.namespace == ns and adm.view is not None:
+            self.kvgov.judge_hit(adm, pages)
+        return True
 
     def write_backup_storage(self, node_id: Any) -> None:
         if self.enable_storage and self.kvgov_storage is not None:

@@ -22,6 +22,7 @@ collect_ignore = ["upstream"] + (
         "test_differential.py",
         "test_erasure.py",
         "test_hicache_host.py",
+        "test_hicache_run.py",
         "test_hicache_storage.py",
         "test_ownership.py",
         "test_sharing.py",
