@@ -647,7 +647,10 @@ def check_hicache(server_args: Any) -> None:
 
     Raises:
         UnsupportedEngine: HiCache (or SGLang's host-pool retraction backup, which builds
-            its host pool) without an L3 backend, or with another backend than kvgov's.
+            its host pool) without an L3 backend, or with another backend than kvgov's;
+            the host memory mode ``buffer_only`` (its loads back to the device go through
+            SGLang's buffer pipeline, not ``load_back``, so kvgov could not give the pages
+            they take an owner: every later hit on them would be refused).
     """
     sources: list[Any] = [server_args]
     try:  # what SGLang's init_hicache reads, once its scheduler published its settings
@@ -663,6 +666,12 @@ def check_hicache(server_args: Any) -> None:
         )
         if why is not None:
             raise UnsupportedEngine(why, _HICACHE_USE)
+        if getattr(source, "hicache_host_memory_mode", None) == "buffer_only":
+            raise UnsupportedEngine(
+                "HiCache's host memory mode buffer_only (its loads back to the device "
+                "bypass load_back, where kvgov gives loaded pages their owner)",
+                "use the default host memory mode",
+            )
 
 
 def _host_pools(controller: Any) -> Iterator[Any]:

@@ -154,6 +154,23 @@ def test_hicache_with_another_l3_backend_is_refused_by_name(
         check_engine(ctx)  # the factory's check: before anything is built
 
 
+def test_hicache_in_buffer_only_host_memory_mode_is_refused() -> None:
+    """Its loads back bypass load_back, where loaded pages get their owner."""
+    args = SimpleNamespace(
+        hicache_storage_backend="kvgov",
+        hicache_storage_backend_extra_config=None,
+        hicache_host_memory_mode="buffer_only",
+    )
+    with pytest.raises(UnsupportedEngine, match="buffer_only"):
+        check_hicache(args)
+    with pytest.raises(UnsupportedEngine, match="buffer_only"):
+        check_engine(
+            SimpleNamespace(
+                enable_hierarchical_cache=True, server_args=args, params=SimpleNamespace()
+            )
+        )
+
+
 @pytest.mark.parametrize(("backend", "extra"), [("dynamic", _KVGOV), ("kvgov", None)])
 def test_hicache_with_kvgovs_l3_backend_is_accepted(backend: str, extra: str | None) -> None:
     args = SimpleNamespace(
