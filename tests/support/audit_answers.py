@@ -3,7 +3,10 @@ one workload under two event layouts and compare every compliance command's outp
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,4 +57,51 @@ def unnamed(value: Any) -> Any:
     result = out.get("result")
     if isinstance(result, dict):  # the OPA decision log's event
         out["result"] = unnamed(result)
+    return out
+
+
+def commands(
+    url: str, tmp_path: Path, tenants: Sequence[str], window: tuple[str, str], prefix: str = ""
+) -> dict[str, Any]:
+    """Every ``kvgov audit`` compliance command's output on the trail at ``url``, parsed,
+    :func:`unnamed`, keyed by ``prefix`` and the command's arguments.
+
+    The commands: ``denials``; ``events`` whole, with ``--limit``, by type, in the time
+    ``window`` (``--since``, ``--until``) and per tenant; ``reuse``, ``erasure`` and
+    ``denials`` per tenant of ``tenants``; ``decisions`` per policy revision the trail
+    names; ``events --count-by`` every field; every export format (``tmp_path`` holds the
+    files).
+    """
+    out: dict[str, Any] = {}
+    queries: list[list[str]] = [
+        ["denials"],
+        ["events"],
+        ["events", "--limit", "7"],
+        ["events", "--type", "reuse", "--limit", "3"],
+        ["events", "--type", "admission", "--limit", "4"],
+        ["events", "--since", window[0], "--until", window[1]],
+    ]
+    for tenant in tenants:
+        queries += [["reuse", "--tenant", tenant], ["erasure", "--tenant", tenant]]
+        queries += [["denials", "--tenant", tenant], ["events", "--tenant", tenant]]
+    for kind in ("admission", "reuse", "cross_tenant_reuse", "policy_denied", "zeroization"):
+        queries.append(["events", "--type", kind])
+    revisions = {r["policy_revision"] for r in json.loads(cli(url, "events", "--json"))}
+    for rev in sorted(r for r in revisions if r):
+        queries.append(["decisions", "--policy-revision", rev])
+    for q in queries:
+        out[prefix + " ".join(q)] = unnamed(json.loads(cli(url, *q, "--json")))
+    for by in ("type", "tenant", "requester_tenant", "stream", "policy_revision"):
+        out[f"{prefix}count-by {by}"] = json.loads(cli(url, "events", "--count-by", by, "--json"))
+    out[f"{prefix}export jsonl"] = [
+        unnamed(json.loads(line))
+        for line in export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
+    ]
+    out[f"{prefix}export json"] = unnamed(json.loads(export(url, "json", tmp_path / "x.json")))
+    rows = list(csv.DictReader(io.StringIO(export(url, "csv", tmp_path / "x.csv"))))
+    out[f"{prefix}export csv"] = unnamed(rows)
+    out[f"{prefix}export opa-decision-log"] = [
+        unnamed(json.loads(line))
+        for line in export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
+    ]
     return out

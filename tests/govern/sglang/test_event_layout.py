@@ -53,11 +53,13 @@ from kvgov.audit.events import OWN_REUSE_KEY  # noqa: E402
 from kvgov.govern import refusal  # noqa: E402
 from kvgov.govern.sglang.governance import SglangGovernance  # noqa: E402
 from kvgov.policy import engine  # noqa: E402
-from tests.support.audit_answers import cli, export, unnamed  # noqa: E402
+from tests.support.audit_answers import commands, unnamed  # noqa: E402
 
 from .test_differential import PAGE, _build, _drive_checkpoint, _req  # noqa: E402
 
 TENANTS = ("acme", "bank", "clinic", "denied")
+#: The workload's middle, for ``events --since --until``.
+WINDOW = ("2023-11-14T22:13:22+00:00", "2023-11-14T22:13:26+00:00")
 START = 1_700_000_000.0
 POLICY = {
     "kvgov": {
@@ -180,43 +182,6 @@ def _api(url: str, tmp_path: Path) -> dict[str, Any]:
     return out
 
 
-def _commands(url: str, tmp_path: Path) -> dict[str, Any]:
-    """Every ``kvgov audit`` compliance command's output, parsed, row names left out."""
-    out: dict[str, Any] = {}
-    queries: list[list[str]] = [
-        ["denials"],
-        ["events"],
-        ["events", "--limit", "7"],
-        ["events", "--type", "reuse", "--limit", "3"],
-        ["events", "--type", "admission", "--limit", "4"],
-        ["events", "--since", "2023-11-14T22:13:22+00:00", "--until", "2023-11-14T22:13:26+00:00"],
-    ]
-    for tenant in TENANTS:
-        queries += [["reuse", "--tenant", tenant], ["erasure", "--tenant", tenant]]
-        queries += [["denials", "--tenant", tenant], ["events", "--tenant", tenant]]
-    for kind in ("admission", "reuse", "cross_tenant_reuse", "policy_denied", "zeroization"):
-        queries.append(["events", "--type", kind])
-    revisions = {r["policy_revision"] for r in json.loads(cli(url, "events", "--json"))}
-    for rev in sorted(r for r in revisions if r):
-        queries.append(["decisions", "--policy-revision", rev])
-    for q in queries:
-        out["cli " + " ".join(q)] = unnamed(json.loads(cli(url, *q, "--json")))
-    for by in ("type", "tenant", "requester_tenant", "stream", "policy_revision"):
-        out[f"cli count-by {by}"] = json.loads(cli(url, "events", "--count-by", by, "--json"))
-    out["cli export jsonl"] = [
-        unnamed(json.loads(line))
-        for line in export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
-    ]
-    out["cli export json"] = unnamed(json.loads(export(url, "json", tmp_path / "x.json")))
-    rows = list(csv.DictReader(io.StringIO(export(url, "csv", tmp_path / "x.csv"))))
-    out["cli export csv"] = unnamed(rows)
-    out["cli export opa-decision-log"] = [
-        unnamed(json.loads(line))
-        for line in export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
-    ]
-    return out
-
-
 def _stored(url: str) -> tuple[dict[str, int], list[str]]:
     """Rows by type as stored, and the request ids of the admissions holding a reuse."""
     eng = create_engine(url)
@@ -306,7 +271,10 @@ def test_both_layouts_answer_every_query_the_same(
         hits[fold] = _replay(url, fold, tmp_path, monkeypatch)
         monkeypatch.undo()
         assert verify(url).ok
-        answers[fold] = {**_api(url, tmp_path), **_commands(url, tmp_path)}
+        answers[fold] = {
+            **_api(url, tmp_path),
+            **commands(url, tmp_path, TENANTS, WINDOW, prefix="cli "),
+        }
         stored[fold], folded_ids[fold] = _stored(url)
     separate, folded = answers[False], answers[True]
     # the workload reaches what the layouts differ on, and what they must not

@@ -14,10 +14,7 @@ trails verify.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,11 +25,13 @@ from sqlalchemy import create_engine, text
 from kvgov.audit import verify
 from kvgov.govern import refusal
 from kvgov.policy import engine
-from tests.support.audit_answers import cli, export, unnamed
+from tests.support.audit_answers import commands
 
 pytestmark = pytest.mark.vllm
 
 TENANTS = ("bank", "clinic", "acme")
+#: The workload's middle, for ``events --since --until``.
+WINDOW = ("2023-11-14T22:13:25+00:00", "2023-11-14T22:13:30+00:00")
 GROUP = {"pub": {"publishers": ["bank", "clinic"], "classifications": ["public"]}}
 POLICY = {
     "kvgov": {
@@ -91,43 +90,6 @@ def _workload(vllm: Any, clock: Any, url: str) -> None:
     sched.shutdown()
 
 
-def _answers(url: str, tmp_path: Path) -> dict[str, Any]:
-    """Every compliance command's output, parsed, row names left out."""
-    out: dict[str, Any] = {}
-    queries: list[list[str]] = [
-        ["denials"],
-        ["events"],
-        ["events", "--limit", "7"],
-        ["events", "--type", "reuse", "--limit", "3"],
-        ["events", "--type", "admission", "--limit", "4"],
-        ["events", "--since", "2023-11-14T22:13:25+00:00", "--until", "2023-11-14T22:13:30+00:00"],
-    ]
-    for tenant in (*TENANTS, "denied"):
-        queries += [["reuse", "--tenant", tenant], ["erasure", "--tenant", tenant]]
-        queries += [["denials", "--tenant", tenant], ["events", "--tenant", tenant]]
-    for kind in ("admission", "reuse", "cross_tenant_reuse", "policy_denied", "zeroization"):
-        queries.append(["events", "--type", kind])
-    for rev in {r["policy_revision"] for r in json.loads(cli(url, "events", "--json"))}:
-        if rev:
-            queries.append(["decisions", "--policy-revision", rev])
-    for q in queries:
-        out[" ".join(q)] = unnamed(json.loads(cli(url, *q, "--json")))
-    for by in ("type", "tenant", "requester_tenant", "stream", "policy_revision"):
-        out[f"count-by {by}"] = json.loads(cli(url, "events", "--count-by", by, "--json"))
-    out["export jsonl"] = [
-        unnamed(json.loads(line))
-        for line in export(url, "jsonl", tmp_path / "x.jsonl").splitlines()
-    ]
-    out["export json"] = unnamed(json.loads(export(url, "json", tmp_path / "x.json")))
-    rows = list(csv.DictReader(io.StringIO(export(url, "csv", tmp_path / "x.csv"))))
-    out["export csv"] = unnamed(rows)
-    out["export opa-decision-log"] = [
-        unnamed(json.loads(line))
-        for line in export(url, "opa-decision-log", tmp_path / "x.log").splitlines()
-    ]
-    return out
-
-
 def _stored(url: str) -> dict[str, int]:
     """Rows by type, as stored (what the queries answer from)."""
     engine = create_engine(url)
@@ -155,7 +117,10 @@ def test_both_layouts_answer_every_query_the_same(
         monkeypatch.setattr(refusal.uuid, "uuid4", lambda n=names: uuid.UUID(int=next(n)))
         _workload(vllm, clock, url)
         assert verify(url).ok
-        answers[fold], stored[fold] = _answers(url, tmp_path), _stored(url)
+        answers[fold], stored[fold] = (
+            commands(url, tmp_path, (*TENANTS, "denied"), WINDOW),
+            _stored(url),
+        )
     separate, folded = answers[False], answers[True]
     # the workload reaches what the layouts differ on, and what they must not
     counts = separate["count-by type"]
