@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import UnsupportedEngine
+from tests.govern.vllm.kv_specs import kv_specs
 
 pytestmark = pytest.mark.vllm
 
@@ -20,26 +21,7 @@ PROMPT = list(range(300, 460))  # 160 tokens: 10 blocks
 
 
 def _specs(*kinds: str) -> list[Any]:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        ChunkedLocalAttentionSpec,
-        FullAttentionSpec,
-        MambaSpec,
-        SlidingWindowSpec,
-    )
-
-    common = {"block_size": 16, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
-    out: list[Any] = []
-    for kind in kinds:
-        if kind == "full":
-            out.append(FullAttentionSpec(**common))
-        elif kind == "sliding":
-            out.append(SlidingWindowSpec(**common, sliding_window=WINDOW))
-        elif kind == "chunked":
-            out.append(ChunkedLocalAttentionSpec(**common, attention_chunk_size=WINDOW))
-        else:
-            out.append(MambaSpec(block_size=16, shapes=((1,),), dtypes=(torch.float32,)))
-    return out
+    return kv_specs(*kinds, window=WINDOW, mamba_shapes=((1,),))
 
 
 def _group_ids(sched: Any, req_id: str) -> list[list[int]]:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import UnsupportedEngine
+from tests.govern.vllm.kv_specs import kv_specs
 
 pytestmark = pytest.mark.vllm
 
@@ -31,25 +32,7 @@ PROMPT = list(range(300, 460))  # 160 tokens: 10 blocks
 
 
 def _specs(*kinds: str) -> list[Any]:
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    out: list[Any] = []
-    for kind in kinds:
-        if kind == "full":
-            out.append(
-                FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            )
-        else:
-            out.append(
-                MambaSpec(
-                    block_size=BS,
-                    shapes=((1, 1),),
-                    dtypes=(torch.float32,),
-                    mamba_cache_mode="align",
-                )
-            )
-    return out
+    return kv_specs(*kinds, mamba_cache_mode="align")
 
 
 def _hybrid(vllm: Any, **kwargs: Any) -> Any:

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from kvgov.exceptions import UnsupportedEngine
+from tests.govern.vllm.kv_specs import kv_specs
 
 pytestmark = pytest.mark.vllm
 
@@ -42,29 +43,7 @@ def _prompt(i: int, n: int = 90) -> list[int]:
 
 
 def _specs(*kinds: str) -> list[Any]:
-    import torch
-    from vllm.v1.kv_cache_interface import CrossAttentionSpec, FullAttentionSpec, MambaSpec
-
-    out: list[Any] = []
-    for kind in kinds:
-        if kind == "full":
-            out.append(
-                FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            )
-        elif kind == "cross":
-            out.append(
-                CrossAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            )
-        else:
-            out.append(
-                MambaSpec(
-                    block_size=MODEL_LEN,
-                    shapes=((1, 1),),
-                    dtypes=(torch.float32,),
-                    mamba_cache_mode="none",
-                )
-            )
-    return out
+    return kv_specs(*kinds, mamba_block_size=MODEL_LEN, mamba_cache_mode="none")
 
 
 def _plain(vllm: Any, cls: Any = None, **kwargs: Any) -> Any:
