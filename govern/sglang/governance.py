@@ -411,6 +411,13 @@ class Admitted:
     pending: Decided | None = None
 
 
+def _request_facts(req: Any) -> tuple[int, Any]:
+    """A request's prompt length and its front end's parameters (``custom_params``), as
+    a refusal names them; raises whatever reading SGLang's request raises."""
+    sp = getattr(req, "sampling_params", None)
+    return len(req.origin_input_ids), getattr(sp, "custom_params", None) if sp is not None else None
+
+
 class SglangGovernance:
     """One scheduler's governance: governor, scope resolver, page zeroer.
 
@@ -544,9 +551,7 @@ class SglangGovernance:
         """
         try:
             seq_id = str(req.rid)
-            num_tokens = len(req.origin_input_ids)
-            sp = getattr(req, "sampling_params", None)
-            params = getattr(sp, "custom_params", None) if sp is not None else None
+            num_tokens, params = _request_facts(req)
         except Exception as exc:
             refuse(
                 self.gov.ledger,
@@ -705,11 +710,9 @@ class SglangGovernance:
         except Exception as exc:  # as admit: refused, audited, nothing shared
             _log.exception("kvgov: the admission of request %r could not be audited", adm.seq_id)
             try:
-                num_tokens: Any = len(req.origin_input_ids)
-                sp = getattr(req, "sampling_params", None)
-                params = getattr(sp, "custom_params", None) if sp is not None else None
+                num_tokens, params = _request_facts(req)
             except Exception:
-                num_tokens = params = None
+                num_tokens, params = None, None
             refuse(gov.ledger, gov.audit, adm.seq_id, num_tokens, describe_error(exc), params,
                    path=ERROR_PATH)  # fmt: skip
             adm.namespace = self._private().namespace
