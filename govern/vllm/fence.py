@@ -707,6 +707,8 @@ def install_state_zeroer() -> bool:
     """
     import inspect
 
+    import torch
+    from vllm.utils.torch_utils import async_tensor_h2d
     from vllm.v1.worker.utils import KVBlockZeroer
 
     if _marked(KVBlockZeroer.zero_block_ids):
@@ -728,9 +730,6 @@ def install_state_zeroer() -> bool:
         zero(self, block_ids)
         states = getattr(self, "kvgov_states", None)
         if states and block_ids:
-            import torch
-            from vllm.utils.torch_utils import async_tensor_h2d
-
             index = async_tensor_h2d(block_ids, device=states[0].device, dtype=torch.int64)
             zero_states(states, block_ids, index)
 
