@@ -219,8 +219,13 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
         n = result.device_prefix_len
         if not n or adm.view is None or key.extra_key != adm.namespace:
             return []
+        return self._kvgov_path_pages(result.last_device_node, int(n))
+
+    def _kvgov_path_pages(self, node: Any, tokens: int | None = None) -> list[int]:
+        """The page ids of the device path to ``node``, in prefix order (its first
+        ``tokens`` tokens' pages; None: all)."""
         unit = self.kvgov_unit
-        slots = self.path_device_indices(result.last_device_node)[: int(n) : unit].tolist()
+        slots = self.path_device_indices(node)[:tokens:unit].tolist()
         return [slot // unit for slot in slots]
 
     def _kvgov_judged(
@@ -512,8 +517,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             return False
         if not super().load_back(node_id, mem_quota, req):
             return False
-        unit = self.kvgov_unit
-        pages = [slot // unit for slot in self.path_device_indices(node_id)[::unit].tolist()]
+        pages = self._kvgov_path_pages(node_id)
         self.kvgov.owned(pages, scope, ttl)
         adm: Admitted | None = getattr(req, _ADMITTED, None) if req is not None else None
         if adm is not None and adm.namespace == ns and adm.view is not None:
