@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ __all__ = [
     "FleetNames",
     "FleetSettings",
     "FleetStore",
+    "kvgov_settings",
 ]
 
 #: How long a cost figure decides before it must be measured again (seconds).
@@ -67,6 +68,26 @@ COST_MAX_AGE_S = 60.0
 
 _TENANT_TAG = b"kvgov.fleet-kv.tenant.v1\x00"
 _SCOPE_TAG = b"kvgov.fleet-kv.scope.v1\x00"
+
+
+def kvgov_settings(
+    extra: Mapping[str, Any] | None, where: str, known: Iterable[str], expects: str
+) -> Mapping[str, Any]:
+    """``extra["kvgov"]``, an engine's extra config for a kvgov KV backend: a mapping of
+    settings named in ``known`` (each value is the caller's to check).
+
+    Raises:
+        BindingConfigError: not a mapping (``expects`` says what is), or a setting not
+            in ``known`` (named at ``where``).
+    """
+    raw = (extra or {}).get("kvgov")
+    if not isinstance(raw, Mapping):
+        raise BindingConfigError(where, raw, expects)
+    names = set(known)
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise BindingConfigError(where, unknown, f"settings among {sorted(names)}")
+    return raw
 
 
 class FleetNames:
@@ -131,17 +152,12 @@ class FleetSettings:
         Raises:
             BindingConfigError: a missing or malformed setting.
         """
-        raw = (extra or {}).get("kvgov")
-        if not isinstance(raw, Mapping):
-            raise BindingConfigError(
-                "kv_connector_extra_config.kvgov", raw, "a mapping with redis_url and key_store_url"
-            )
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise BindingConfigError(
-                "kv_connector_extra_config.kvgov", unknown, f"settings among {sorted(known)}"
-            )
+        raw = kvgov_settings(
+            extra,
+            "kv_connector_extra_config.kvgov",
+            cls.__dataclass_fields__,
+            "a mapping with redis_url and key_store_url",
+        )
         for name in ("redis_url", "key_store_url"):
             if not isinstance(raw.get(name), str) or not raw[name]:
                 raise BindingConfigError(f"kv_connector_extra_config.kvgov.{name}", None, "a URL")

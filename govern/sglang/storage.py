@@ -81,7 +81,7 @@ from kvgov.offload import (
     WrappedKeyStore,
 )
 
-from ..fleet_kv import FleetNames
+from ..fleet_kv import FleetNames, kvgov_settings
 from ..keys import KeyDeriver, ScopeDigest
 from ..offloading import Offloading
 from ..scope import CacheScope
@@ -142,14 +142,10 @@ class StorageSettings:
         Raises:
             BindingConfigError: a missing or malformed setting, or no tier.
         """
-        raw = (extra or {}).get("kvgov")
         where = "hicache_storage_backend_extra_config.kvgov"
-        if not isinstance(raw, Mapping):
-            raise BindingConfigError(where, raw, "a mapping with key_store_url and a tier")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise BindingConfigError(where, unknown, f"settings among {sorted(known)}")
+        raw = kvgov_settings(
+            extra, where, cls.__dataclass_fields__, "a mapping with key_store_url and a tier"
+        )
         if not isinstance(raw.get("key_store_url"), str) or not raw["key_store_url"]:
             raise BindingConfigError(f"{where}.key_store_url", None, "a database URL")
         for name in ("redis_url", "disk_path"):
