@@ -22,12 +22,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
 import torch
 
+from kvgov import defaults
 from kvgov.allocator import (
     BlocksEvicted,
     BlockState,
@@ -39,6 +40,7 @@ from kvgov.audit import AuditEvent, EventType
 from kvgov.audit.events import OWN_REUSE_KEY
 from kvgov.exceptions import (
     AuditUnavailable,
+    BindingConfigError,
     InternalError,
     InvalidArgument,
     InvalidScope,
@@ -67,6 +69,7 @@ __all__ = [
     "ERROR_PATH",
     "SCOPE_PATH",
     "SWEEP_INTERVAL",
+    "VLLM_ONLY_SETTINGS",
     "ZERO_AUDIT_BATCH",
     "Admitted",
     "Decided",
@@ -84,6 +87,29 @@ ERROR_PATH = "kvgov.sglang/error"
 SWEEP_INTERVAL = 60.0
 #: Zeroed pages per batch of ``zeroization`` audit events (one event per owner per batch).
 ZERO_AUDIT_BATCH = 4096
+#: The vLLM binding's settings this binding cannot honour, refused when set (an engine
+#: that read and dropped them would leave its operator believing it in a fleet, or
+#: vouching for a connector, when it is not).
+VLLM_ONLY_SETTINGS = (
+    "connector_kinds",
+    "fleet_url",
+    "fleet_engine_id",
+    "fleet_operator_keys_file",
+    "fleet_poll_interval",
+)
+
+
+def _refuse_vllm_only(environ: Mapping[str, str]) -> None:
+    """Raise BindingConfigError for a :data:`VLLM_ONLY_SETTINGS` setting in ``environ``."""
+    for name in VLLM_ONLY_SETTINGS:
+        env_name = defaults.SETTING_ENV_PREFIX + name.upper()
+        if env_name in environ:  # its value is not shown: a fleet URL may hold a password
+            raise BindingConfigError(
+                env_name,
+                "<set>",
+                "a vLLM binding setting the SGLang binding does not take (no fleet agent, "
+                "no KV connectors); unset it for SGLang",
+            )
 
 
 class PageZeroer:
@@ -502,10 +528,20 @@ class SglangGovernance:
         """Read the settings (``KVGOV_*`` environment), open the governor's parts.
 
         Raises:
-            BindingConfigError: invalid settings, or a scope token required without a key.
+            BindingConfigError: invalid settings, a scope token required without a key,
+                or a setting of the vLLM binding's this one cannot honour
+                (:data:`VLLM_ONLY_SETTINGS`).
             KeySecretError, PolicyLoadError, AuditSchemaError: as for the vLLM binding.
         """
         settings = BindingSettings.load(None, environ)
+        _refuse_vllm_only(environ)
+        engine = replace(  # the revision settings override SGLang's --revision, as for vLLM
+            engine,
+            model_revision=revision_of(settings.model_revision or engine.model_revision),
+            tokenizer_revision=revision_of(
+                settings.tokenizer_revision or engine.tokenizer_revision
+            ),
+        )
         resolver = ScopeResolver.from_settings(settings, engine, environ, clock)
         zeroer = PageZeroer(buffers, page_size)
         parts = open_parts(
@@ -517,6 +553,7 @@ class SglangGovernance:
             clock=clock,
             worker_id=settings.worker_id,
             policy_engine="embedded",
+            audit_writer=settings.audit_writer,
         )
         try:
             adapter = SglangPoolAdapter(allocator, num_pages, zeroer.bytes_per_page, zeroer)

@@ -25,6 +25,7 @@ collect_ignore = ["upstream"] + (
         "test_hicache_run.py",
         "test_hicache_storage.py",
         "test_ownership.py",
+        "test_settings.py",
         "test_sharing.py",
         "test_zeroing.py",
     ]
