@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvgov import defaults
@@ -145,6 +146,9 @@ class PageZeroer:
         #: view where they are two halves of one allocation, else each buffer alone
         self.fills: list[tuple[torch.Tensor, int]] = _fill_targets(self._paged)
         self.device = self.buffers[0].device
+        #: on CPU, the same targets as numpy byte views (None: a target numpy cannot view,
+        #: or not on CPU; then torch's index_fill_): see :meth:`flush`
+        self.byte_fills: list[tuple[np.ndarray, int]] | None = _byte_views(self.fills)
 
     def release(self, page_ids: torch.Tensor) -> None:
         """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
@@ -174,8 +178,17 @@ class PageZeroer:
         start = time.perf_counter()
         if pages.dtype != torch.int64 or pages.device != self.device:
             pages = pages.to(self.device, torch.int64)
-        for target, dim in self.fills:
-            target.index_fill_(dim, pages, 0)
+        byte_fills = self.byte_fills
+        if byte_fills is not None:  # on the calling thread: no OpenMP hand-off for a few pages
+            rows = pages.numpy()
+            for raw, dim in byte_fills:
+                if dim:
+                    raw[:, rows] = 0
+                else:
+                    raw[rows] = 0
+        else:
+            for target, dim in self.fills:
+                target.index_fill_(dim, pages, 0)
         ids = pages.tolist()
         if self.on_zeroed is not None:
             self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
@@ -203,6 +216,29 @@ def _fill_targets(paged: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int
                 fused.update((i, half + i))
     targets.extend((buf, 0) for i, buf in enumerate(paged) if i not in fused)
     return targets
+
+
+def _byte_views(fills: Sequence[tuple[torch.Tensor, int]]) -> list[tuple[np.ndarray, int]] | None:
+    """Each CPU fill target as a numpy array of its bytes (same memory), or None.
+
+    A numpy indexed assignment zeroes the pages on the calling thread; torch's
+    ``index_fill_`` hands a fill to its OpenMP threads, which in a serving process wait
+    for cores the engine holds (:func:`kvgov.allocator.zeroize.zero_rows`). None where a
+    target is not on the CPU or numpy cannot view it as bytes (its last dimension
+    strided): every fill then goes through ``index_fill_``.
+    """
+    views: list[tuple[np.ndarray, int]] = []
+    for target, dim in fills:
+        if target.device.type != "cpu" or target.dim() == 0 or target.stride(-1) != 1:
+            return None
+        try:
+            raw: np.ndarray = target.detach().view(torch.uint8).numpy()
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        if raw.shape[: dim + 1] != tuple(target.shape[: dim + 1]):
+            return None  # not page-indexed along the same dimension
+        views.append((raw, dim))
+    return views
 
 
 def _fused(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:

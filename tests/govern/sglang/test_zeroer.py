@@ -42,6 +42,16 @@ def _v_before_k() -> list[torch.Tensor]:
     return [fused[1], fused[0]]
 
 
+def _strided_last() -> list[torch.Tensor]:
+    """K and V whose last dimension is strided: numpy cannot view their bytes."""
+    return [torch.zeros((ROWS, 3, 2)).transpose(1, 2) for _ in range(2)]
+
+
+def _bf16_fused() -> list[torch.Tensor]:
+    fused = torch.zeros((2, ROWS, 1, 8), dtype=torch.bfloat16)
+    return [fused[0], fused[1]]
+
+
 @pytest.mark.parametrize(
     ("buffers", "fills"),
     [
@@ -49,6 +59,8 @@ def _v_before_k() -> list[torch.Tensor]:
         pytest.param(_separate(2), 4, id="separate: one fill per buffer"),
         pytest.param(_v_before_k(), 2, id="V before K: one by one"),
         pytest.param([*_fused_layers(2), torch.zeros((ROWS, 2, 3))], 5, id="odd count: alone"),
+        pytest.param(_strided_last(), 2, id="strided last dimension: index_fill_"),
+        pytest.param(_bf16_fused(), 1, id="bfloat16, fused"),
     ],
 )
 def test_a_flush_zeroes_exactly_the_released_pages_of_every_buffer(
@@ -71,6 +83,26 @@ def test_a_flush_zeroes_exactly_the_released_pages_of_every_buffer(
                 assert bool((rows == 1.0).all()), f"page {page} touched"
     assert zeroer.reads_zero([3, 7, 12]) and not zeroer.reads_zero([4])
     assert zeroer.flush() == []  # nothing pending
+
+
+def test_on_cpu_a_flush_writes_through_numpy_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not torch's index_fill_, which hands a fill of a few pages to its OpenMP threads."""
+    buffers = _fused_layers(2)
+    zeroer = PageZeroer(buffers, PAGE)
+    assert zeroer.byte_fills is not None
+    for buf in buffers:
+        buf.fill_(1.0)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("index_fill_ called")
+
+    monkeypatch.setattr(torch.Tensor, "index_fill_", refused)
+    zeroer.release(torch.tensor([5]))
+    assert zeroer.flush() == [5]
+    assert zeroer.reads_zero([5]) and not zeroer.reads_zero([4])
+    assert PageZeroer(_strided_last(), PAGE).byte_fills is None  # the fallback
 
 
 def test_overlapping_halves_are_not_fused() -> None:
