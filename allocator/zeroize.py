@@ -35,6 +35,7 @@ __all__ = [
     "CudaZeroizer",
     "RunViews",
     "Zeroizer",
+    "byte_view",
     "coalesce_runs",
     "make_zeroizer",
     "zero_rows",
@@ -342,12 +343,21 @@ def zero_rows(tensor: torch.Tensor, rows: Sequence[int]) -> None:
     low, high = min(rows), max(rows)
     if low < 0 or high >= n:
         raise IndexError(f"rows {low}..{high} outside the first dimension of {n}")
-    if tensor.device.type == "cpu" and tensor.dim() > 0 and tensor.stride(-1) == 1:
-        try:
-            raw: np.ndarray = tensor.detach().view(torch.uint8).numpy()
-        except (RuntimeError, TypeError, ValueError):  # a tensor numpy cannot share
-            pass
-        else:
-            raw[np.asarray(rows, dtype=np.intp)] = 0
-            return
+    raw = byte_view(tensor)
+    if raw is not None:
+        raw[np.asarray(rows, dtype=np.intp)] = 0
+        return
     tensor.index_fill_(0, torch.tensor(list(rows), dtype=torch.long, device=tensor.device), 0)
+
+
+def byte_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """``tensor``'s bytes as a numpy array over the same memory (its last dimension in
+    bytes), or None: not on the CPU, no dimension, its last dimension strided, or a
+    tensor numpy cannot share. For zeroing through numpy on the calling thread."""
+    if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.stride(-1) != 1:
+        return None
+    try:
+        view: np.ndarray = tensor.detach().view(torch.uint8).numpy()
+    except (RuntimeError, TypeError, ValueError):  # a tensor numpy cannot share
+        return None
+    return view

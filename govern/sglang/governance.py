@@ -37,6 +37,7 @@ from kvgov.allocator import (
     PoolEvent,
     Revoked,
 )
+from kvgov.allocator.zeroize import byte_view
 from kvgov.audit import AuditEvent, EventType
 from kvgov.audit.events import OWN_REUSE_KEY
 from kvgov.exceptions import (
@@ -229,14 +230,9 @@ def _byte_views(fills: Sequence[tuple[torch.Tensor, int]]) -> list[tuple[np.ndar
     """
     views: list[tuple[np.ndarray, int]] = []
     for target, dim in fills:
-        if target.device.type != "cpu" or target.dim() == 0 or target.stride(-1) != 1:
-            return None
-        try:
-            raw: np.ndarray = target.detach().view(torch.uint8).numpy()
-        except (RuntimeError, TypeError, ValueError):
-            return None
-        if raw.shape[: dim + 1] != tuple(target.shape[: dim + 1]):
-            return None  # not page-indexed along the same dimension
+        raw = byte_view(target)
+        if raw is None or raw.shape[: dim + 1] != tuple(target.shape[: dim + 1]):
+            return None  # no byte view, or not page-indexed along the same dimension
         views.append((raw, dim))
     return views
 
