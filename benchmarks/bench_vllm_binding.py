@@ -372,8 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the governed engine's audit writer (the binding's audit_writer setting; "
         "process: its CPU is in the writer process, not in the ratio)",
     )
+    parser.add_argument(
+        "--keychain",
+        choices=("auto", "native", "python"),
+        default=None,
+        help="the governed engine's key chain (KVGOV_KEYCHAIN; auto: the compiled one where "
+        "installed): python beside native measures what the compiled chain gives",
+    )
     parser.add_argument("--no-reexec", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.keychain is not None:  # read where the governed engine assembles its parts
+        os.environ["KVGOV_KEYCHAIN"] = args.keychain
     if args.rounds < 0 or args.requests < 0 or args.prompt < BS or args.window < BS:
         parser.error("--rounds and --requests must be >= 0, --prompt and --window >= 16")
     why = _vllm_or_reexec(args)
@@ -386,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu = _pin(args.cpu)
     import vllm
 
+    from kvgov.govern.keys import KeyDeriver, keychain_setting
+
+    keychain = KeyDeriver(b"\0" * 32, implementation=keychain_setting(os.environ)).implementation
     workdir = Path(tempfile.mkdtemp(prefix="kvgov-bench-vllm-binding-"))
     bench = Bench(n, args.prompt, workdir, args.audit_url, args.window, args.audit_writer)
     print(
@@ -393,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{n} requests x {args.prompt} tokens ({args.prompt // BS} blocks of {BS}), 4 output "
         f"tokens, one arrival per step; {rounds} pairs per scenario; audit trail in "
         f"{bench.audit_url.partition(':')[0]} ({args.audit_writer} writer); "
+        f"key chain {keychain}; "
         f"hybrid: full + a {args.window}-token window"
     )
     print(

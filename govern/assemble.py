@@ -18,7 +18,7 @@ from kvgov.audit import AuditLog
 from kvgov.audit.writer import WriterKind
 from kvgov.policy import PolicyClient
 
-from .keys import KeyDeriver, load_key_secret
+from .keys import KeyDeriver, keychain_setting, load_key_secret
 from .offload_config import OffloadConfig, open_offloading
 from .offloading import Offloading
 
@@ -78,13 +78,16 @@ def open_parts(
 
     Raises:
         KeySecretError: no usable secret.
+        InvalidArgument: ``KVGOV_KEYCHAIN`` is not auto, native or python, or is native
+            where the compiled key chain is not installed.
         PolicyLoadError: the policy bundle does not load or its tests fail.
         AuditSchemaError: the audit database needs ``kvgov db upgrade``.
         KEKError: offload is configured without a usable key-encryption key.
         InvalidArgument: a bad offload configuration.
     """
     deriver = KeyDeriver(
-        load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ))
+        load_key_secret(key_secret, ephemeral=ephemeral_secret, environ=dict(os.environ)),
+        implementation=keychain_setting(os.environ),
     )
     policy = PolicyClient.create(
         policy_dir=None if policy_dir is None else Path(policy_dir),

@@ -652,7 +652,7 @@ class Governor:
         Raises:
             KeySecretError: the new secret is too short (nothing changed).
         """
-        deriver = KeyDeriver(new_secret)
+        deriver = KeyDeriver(new_secret, implementation=self.deriver.implementation)
         with self.lock:
             self.check_open()
             for seq in live:

@@ -64,26 +64,41 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
 import secrets
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import NewType
+from typing import Any, Literal, NewType, cast
 
-from kvgov.defaults import KEY_SECRET_ENV, MIN_KEY_SECRET_BYTES
+from kvgov.defaults import KEY_SECRET_ENV, KEYCHAIN_ENV, MIN_KEY_SECRET_BYTES
 from kvgov.exceptions import InvalidArgument, InvalidTokens, KeySecretError
 
 from .scope import SCOPE_FIELDS, CacheScope
 
+_native_chain: Any
+try:  # the compiled key chain (govern/_keychain.c), built by setup.py where it can be
+    _native_chain = importlib.import_module("kvgov.govern._keychain").Chain
+except ImportError:  # no C compiler or no OpenSSL headers at install: the pure path
+    _native_chain = None
+
+#: Whether the compiled key chain is installed; :class:`KeyDeriver` uses it where it is.
+NATIVE_KEYCHAIN: bool = _native_chain is not None
+#: Which key-chain implementation a :class:`KeyDeriver` uses (``implementation=``).
+KeyChainImpl = Literal["auto", "native", "python"]
+
 __all__ = [
+    "NATIVE_KEYCHAIN",
     "CacheKey",
+    "KeyChainImpl",
     "KeyDeriver",
     "NamespaceRoot",
     "ScopeDigest",
     "continuation_root",
     "encode_extra_keys",
     "encode_field",
+    "keychain_setting",
     "load_key_secret",
     "namespace_root",
     "pack_tokens",
@@ -258,16 +273,34 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
 class KeyDeriver:
     """Derives chained block keys with one secret, held here and nowhere global.
 
+    The chains (:meth:`derive_chain`, :meth:`derive_chain_extras`) run in the compiled
+    key chain (``kvgov.govern._keychain``, over OpenSSL's SHA-256) where it is
+    installed, else in Python; both return the same keys byte for byte, and the
+    Python code here is their specification.
+
     Args:
         secret: the HMAC key, at least 32 bytes.
+        implementation: ``"auto"`` (the compiled chain where installed, else Python),
+            ``"native"`` (the compiled chain or an error) or ``"python"``.
 
     Raises:
         KeySecretError: the secret is not bytes or is shorter than 32 bytes.
+        InvalidArgument: ``implementation`` is not one of the three, or is
+            ``"native"`` where the compiled chain is not installed.
     """
 
-    __slots__ = ("_inner", "_outer", "_secret")
+    __slots__ = ("_inner", "_native", "_outer", "_secret")
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, *, implementation: KeyChainImpl = "auto") -> None:
+        if implementation not in ("auto", "native", "python"):
+            raise InvalidArgument("implementation", repr(implementation), "auto, native or python")
+        if implementation == "native" and _native_chain is None:
+            raise InvalidArgument(
+                "implementation",
+                "native",
+                "the compiled key chain is not installed (reinstall kvgov where a C "
+                "compiler and OpenSSL's headers are present; docs/performance.md)",
+            )
         if not isinstance(secret, bytes | bytearray):
             raise KeySecretError(f"must be bytes, got {type(secret).__name__}")
         if len(secret) < MIN_KEY_SECRET_BYTES:
@@ -289,6 +322,13 @@ class KeyDeriver:
         block = block.ljust(64, b"\0")
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        use_native = _native_chain is not None and implementation != "python"
+        self._native: Any = _native_chain(self._secret) if use_native else None
+
+    @property
+    def implementation(self) -> Literal["native", "python"]:
+        """Which code derives this deriver's chains: ``"native"`` or ``"python"``."""
+        return "python" if self._native is None else "native"
 
     def __repr__(self) -> str:
         return "KeyDeriver(secret=<hidden>)"
@@ -345,7 +385,28 @@ class KeyDeriver:
 
         Returns:
             ``count`` keys in block order.
+
+        Raises:
+            InvalidArgument: ``packed`` holds fewer than ``first + count`` full blocks,
+                or ``block_size``, ``count`` or ``first`` is out of range.
         """
+        _check_range(packed, block_size, count, first)
+        if self._native is not None:
+            native: list[CacheKey] = self._native.derive_chain(
+                parent, packed, digest, block_size, count, first
+            )
+            return native
+        return self._derive_chain_python(parent, packed, digest, block_size, count, first)
+
+    def _derive_chain_python(
+        self,
+        parent: bytes,
+        packed: bytes,
+        digest: ScopeDigest,
+        block_size: int,
+        count: int,
+        first: int,
+    ) -> list[CacheKey]:
         inner_state, outer_state = self._inner.copy, self._outer.copy
         step = 4 * block_size
         keys: list[bytes] = []
@@ -385,7 +446,20 @@ class KeyDeriver:
 
         Returns:
             One key per entry of ``extras``, in block order.
+
+        Raises:
+            InvalidArgument: ``packed`` holds fewer than ``first + len(extras)`` full
+                blocks, ``block_size`` or ``first`` is out of range, or an entry of
+                ``extras`` is not bytes.
         """
+        _check_range(packed, block_size, len(extras), first)
+        if any(type(extra) is not bytes for extra in extras):
+            raise InvalidArgument("extras", "...", "each block's extra keys must be bytes")
+        if self._native is not None:
+            native: list[CacheKey] = self._native.derive_chain_extras(
+                parent, packed, digest, block_size, extras, first
+            )
+            return native
         step = 4 * block_size
         keys: list[CacheKey] = []
         offset = first * step
@@ -394,6 +468,25 @@ class KeyDeriver:
             keys.append(CacheKey(parent))
             offset += step
         return keys
+
+
+def _check_range(packed: bytes, block_size: int, count: int, first: int) -> None:
+    """Refuse a chain past the packed tokens (a short slice would key a partial block).
+
+    No keys (``count`` 0) is an empty chain wherever it starts.
+    """
+    if block_size <= 0 or count < 0 or first < 0:
+        raise InvalidArgument(
+            "block_size/count/first",
+            f"{block_size}/{count}/{first}",
+            "block_size must be positive, count and first not negative",
+        )
+    if count and (first + count) * 4 * block_size > len(packed):
+        raise InvalidArgument(
+            "packed",
+            f"{len(packed) // (4 * block_size)} full blocks",
+            f"fewer than first + count = {first + count} full blocks",
+        )
 
 
 def secret_key_id(secret: bytes) -> str:
@@ -407,6 +500,24 @@ def secret_key_id(secret: bytes) -> str:
         The key id.
     """
     return hmac.new(bytes(secret), b"kvgov-key-id-1", hashlib.sha256).hexdigest()[:16]
+
+
+def keychain_setting(environ: Mapping[str, str]) -> KeyChainImpl:
+    """The key chain's implementation ``KVGOV_KEYCHAIN`` asks for (``auto`` where unset).
+
+    Args:
+        environ: the environment to read (``os.environ``).
+
+    Returns:
+        ``"auto"``, ``"native"`` or ``"python"``.
+
+    Raises:
+        InvalidArgument: any other value (a typo never falls back to ``auto``).
+    """
+    value = environ.get(KEYCHAIN_ENV, "").strip() or "auto"
+    if value not in ("auto", "native", "python"):
+        raise InvalidArgument(KEYCHAIN_ENV, value, "auto, native or python")
+    return cast(KeyChainImpl, value)
 
 
 def load_key_secret(key_secret: bytes | None, *, ephemeral: bool, environ: dict[str, str]) -> bytes:

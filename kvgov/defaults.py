@@ -72,6 +72,9 @@ AUDIT_URL_ENV: Final = "KVGOV_AUDIT_URL"
 
 #: Environment variable holding the cache-key secret.
 KEY_SECRET_ENV: Final = "KVGOV_KEY_SECRET"
+#: Environment variable choosing the key chain's code: ``auto`` (the compiled chain where
+#: installed, else Python), ``native`` (the compiled chain or refuse to start), ``python``.
+KEYCHAIN_ENV: Final = "KVGOV_KEYCHAIN"
 #: Shortest cache-key secret accepted, in bytes (the HMAC-SHA256 key size).
 MIN_KEY_SECRET_BYTES: Final = 32
 #: Longest identifier accepted in a cache scope field: the audit store's width for the

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.keychain import native_keychain_unbuildable
+
 ROOT = Path(__file__).parents[1]
 LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations", "cli")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -30,7 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("kvgov", *LAYERS):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=_IGNORE)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     proc = subprocess.run(
         [
@@ -80,6 +82,18 @@ def test_the_wheel_maps_every_layer_into_kvgov(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "kvgov = kvgov.cli.main:main" in zf.read(entry_points).decode()
+
+
+def test_the_wheel_holds_the_compiled_key_chain(wheel: Path) -> None:
+    """setup.py's optional extension is built into the wheel where this machine can build it
+    (the tests of its keys are tests/govern/test_keychain_native.py)."""
+    why = native_keychain_unbuildable()
+    if why is not None:
+        pytest.skip(why)
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert [n for n in names if n.startswith("kvgov/govern/_keychain.") and n.endswith(".so")]
+    assert not [n for n in names if n.endswith(".c")]  # the source stays in the sdist
 
 
 def test_building_the_wheel_warns_of_nothing(wheel: Path) -> None:

@@ -11,9 +11,10 @@ import torch
 
 from kvgov.allocator import KVSpec
 from kvgov.govern import CacheScope, GovernedKVCache, OffloadConfig
-from kvgov.govern.keys import pack_tokens
+from kvgov.govern.keys import NATIVE_KEYCHAIN, pack_tokens
 from kvgov.offload import HostMemoryTier, LocalKEK, Tier
 from tests.support.clock import FakeClock
+from tests.support.keychain import native_keychain_unbuildable
 from tests.support.redis import (  # noqa: F401 - shared fixtures
     own_redis,
     redis_cluster,
@@ -25,6 +26,15 @@ from tests.support.redis import (  # noqa: F401 - shared fixtures
 SECRET = b"k" * 32
 #: 4 tokens a block so tests reason in small numbers.
 SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torch.float32)
+
+
+def _native_param() -> Any:
+    why = None if NATIVE_KEYCHAIN else native_keychain_unbuildable()
+    return pytest.param("native", marks=pytest.mark.skip(reason=why)) if why else "native"
+
+
+#: Both key-chain implementations, for tests that must hold in each (``implementation=``).
+KEYCHAIN_IMPLS = ["python", _native_param()]
 
 
 def make_scope(**overrides: Any) -> CacheScope:

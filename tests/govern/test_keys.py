@@ -18,22 +18,25 @@ from kvgov.govern.keys import (
     scope_digest,
 )
 
-from .conftest import make_scope
+from .conftest import KEYCHAIN_IMPLS, make_scope
 
 VECTORS = json.loads(
     (Path(__file__).parents[1] / "vectors" / "cache_keys.json").read_text(encoding="utf-8")
 )
 
 
+@pytest.mark.parametrize("impl", KEYCHAIN_IMPLS)
 @pytest.mark.parametrize("case", VECTORS["cases"], ids=lambda c: c["name"])
-def test_known_answer_vectors(case: dict) -> None:  # type: ignore[type-arg]
-    """Scope digest, namespace root and chained keys match vectors computed independently."""
+def test_known_answer_vectors(case: dict, impl: str) -> None:  # type: ignore[type-arg]
+    """Scope digest, namespace root and chained keys match vectors computed independently,
+    in the compiled key chain and in Python."""
     scope = make_scope(**case["scope"])
     digest = scope_digest(scope)
     assert digest.hex() == case["scope_digest_hex"]
     root = namespace_root(case["namespace"]["kind"], case["namespace"]["name"])
     assert root.hex() == case["namespace_root_hex"]
-    deriver = KeyDeriver(bytes.fromhex(case["secret_hex"]))
+    deriver = KeyDeriver(bytes.fromhex(case["secret_hex"]), implementation=impl)  # type: ignore[arg-type]
+    assert deriver.implementation == impl
     packed = pack_tokens(case["tokens"])
     keys = deriver.derive_chain(root, packed, digest, case["block_size"], len(case["keys_hex"]))
     assert [k.hex() for k in keys] == case["keys_hex"]
@@ -148,12 +151,14 @@ def _from_json(value: object) -> object:
     return value
 
 
+@pytest.mark.parametrize("impl", KEYCHAIN_IMPLS)
 @pytest.mark.parametrize("case", EXTRA_VECTORS["cases"], ids=lambda c: c["name"])
-def test_extra_key_vectors(case: dict) -> None:  # type: ignore[type-arg]
-    """Extra keys encode and key blocks as the independently computed vectors say."""
+def test_extra_key_vectors(case: dict, impl: str) -> None:  # type: ignore[type-arg]
+    """Extra keys encode and key blocks as the independently computed vectors say, in the
+    compiled key chain and in Python."""
     scope = make_scope(**EXTRA_VECTORS["scope"])
     root = namespace_root(**EXTRA_VECTORS["namespace"])
-    deriver = KeyDeriver(bytes.fromhex(EXTRA_VECTORS["secret_hex"]))
+    deriver = KeyDeriver(bytes.fromhex(EXTRA_VECTORS["secret_hex"]), implementation=impl)  # type: ignore[arg-type]
     extras = [encode_extra_keys(_from_json(e)) for e in case["extras"]]
     assert [e.hex() for e in extras] == case["extra_hex"]
     keys = deriver.derive_chain_extras(

@@ -1,0 +1,22 @@
+"""Whether this machine could have built kvgov's compiled key chain (govern/_keychain.c)."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+
+def native_keychain_unbuildable() -> str | None:
+    """Why this machine could not have built the compiled key chain, or None if it could.
+
+    setup.py builds it where a C compiler and OpenSSL's headers are present; there its
+    absence is a broken install, and the tests that need it fail instead of skipping.
+    """
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler}) to build kvgov.govern._keychain"
+    include = Path(sysconfig.get_config_var("INCLUDEDIR") or "/usr/include")
+    if not any((d / "openssl" / "sha.h").is_file() for d in (include, Path("/usr/include"))):
+        return "no OpenSSL headers (openssl/sha.h) to build kvgov.govern._keychain"
+    return None
