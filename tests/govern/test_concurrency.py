@@ -25,6 +25,9 @@ class _Deriver:
         self._hook()
         return self._inner.derive_chain(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:  # the rest (a rotation reads .implementation)
+        return getattr(self._inner, name)
+
 
 def test_key_derivation_does_not_hold_the_lock(make_cache: Factory) -> None:
     """While one admission derives its keys, another thread's locked call completes."""
