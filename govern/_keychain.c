@@ -149,6 +149,48 @@ block_range(Py_ssize_t block_size, Py_ssize_t count, Py_ssize_t first, Py_ssize_
     return 0;
 }
 
+/* The chain over count blocks from byte offset start: extras NULL (no extra keys) or a
+ * PySequence_Fast of count bytes objects. A new list of count keys, or NULL. */
+static PyObject *
+chain_keys(Chain *self, const Py_buffer *parent, const Py_buffer *packed,
+           const Py_buffer *digest, Py_ssize_t step, Py_ssize_t offset, Py_ssize_t count,
+           PyObject *extras)
+{
+    PyObject *keys = PyList_New(count);
+    SHA256_CTX ctx;
+    const unsigned char *prev = (const unsigned char *)parent->buf;
+    size_t prev_len = (size_t)parent->len;
+    Py_ssize_t i;
+
+    if (keys == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < count; i++, offset += step) {
+        PyObject *key = PyBytes_FromStringAndSize(NULL, KEY_BYTES);
+        const unsigned char *extra = NULL;
+        size_t extra_len = 0;
+        unsigned char *out;
+        if (key == NULL) {
+            Py_CLEAR(keys);
+            break;
+        }
+        if (extras != NULL) {
+            PyObject *item = PySequence_Fast_GET_ITEM(extras, i);
+            extra = (const unsigned char *)PyBytes_AS_STRING(item);
+            extra_len = (size_t)PyBytes_GET_SIZE(item);
+        }
+        out = (unsigned char *)PyBytes_AS_STRING(key);
+        derive_one(self, &ctx, prev, prev_len, (const unsigned char *)digest->buf,
+                   (size_t)digest->len, (const unsigned char *)packed->buf + offset,
+                   (size_t)step, extra, extra_len, out);
+        PyList_SET_ITEM(keys, i, key);
+        prev = out;
+        prev_len = KEY_BYTES;
+    }
+    OPENSSL_cleanse(&ctx, sizeof ctx);
+    return keys;
+}
+
 PyDoc_STRVAR(derive_chain_doc,
              "derive_chain(parent, packed, digest, block_size, count, first) -> list[bytes]\n\n"
              "Keys of count consecutive full blocks from block first, as KeyDeriver.derive_chain.");
@@ -157,11 +199,8 @@ static PyObject *
 Chain_derive_chain(Chain *self, PyObject *args)
 {
     Py_buffer parent, packed, digest;
-    Py_ssize_t block_size, count, first, step, offset, i;
+    Py_ssize_t block_size, count, first, step, offset;
     PyObject *keys = NULL;
-    SHA256_CTX ctx;
-    const unsigned char *prev;
-    size_t prev_len;
 
     if (check_ready(self) < 0) {
         return NULL;
@@ -170,32 +209,9 @@ Chain_derive_chain(Chain *self, PyObject *args)
                           &block_size, &count, &first)) {
         return NULL;
     }
-    if (block_range(block_size, count, first, packed.len, &step, &offset) < 0) {
-        goto done;
+    if (block_range(block_size, count, first, packed.len, &step, &offset) == 0) {
+        keys = chain_keys(self, &parent, &packed, &digest, step, offset, count, NULL);
     }
-    keys = PyList_New(count);
-    if (keys == NULL) {
-        goto done;
-    }
-    prev = (const unsigned char *)parent.buf;
-    prev_len = (size_t)parent.len;
-    for (i = 0; i < count; i++, offset += step) {
-        PyObject *key = PyBytes_FromStringAndSize(NULL, KEY_BYTES);
-        unsigned char *out;
-        if (key == NULL) {
-            Py_CLEAR(keys);
-            goto done;
-        }
-        out = (unsigned char *)PyBytes_AS_STRING(key);
-        derive_one(self, &ctx, prev, prev_len, (const unsigned char *)digest.buf,
-                   (size_t)digest.len, (const unsigned char *)packed.buf + offset, (size_t)step,
-                   NULL, 0, out);
-        PyList_SET_ITEM(keys, i, key);
-        prev = out;
-        prev_len = KEY_BYTES;
-    }
-done:
-    OPENSSL_cleanse(&ctx, sizeof ctx);
     PyBuffer_Release(&parent);
     PyBuffer_Release(&packed);
     PyBuffer_Release(&digest);
@@ -213,9 +229,6 @@ Chain_derive_chain_extras(Chain *self, PyObject *args)
     Py_buffer parent, packed, digest;
     Py_ssize_t block_size, count, first, step, offset, i;
     PyObject *extras, *seq = NULL, *keys = NULL;
-    SHA256_CTX ctx;
-    const unsigned char *prev;
-    size_t prev_len;
 
     if (check_ready(self) < 0) {
         return NULL;
@@ -238,31 +251,8 @@ Chain_derive_chain_extras(Chain *self, PyObject *args)
             goto done;
         }
     }
-    keys = PyList_New(count);
-    if (keys == NULL) {
-        goto done;
-    }
-    prev = (const unsigned char *)parent.buf;
-    prev_len = (size_t)parent.len;
-    for (i = 0; i < count; i++, offset += step) {
-        PyObject *extra = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *key = PyBytes_FromStringAndSize(NULL, KEY_BYTES);
-        unsigned char *out;
-        if (key == NULL) {
-            Py_CLEAR(keys);
-            goto done;
-        }
-        out = (unsigned char *)PyBytes_AS_STRING(key);
-        derive_one(self, &ctx, prev, prev_len, (const unsigned char *)digest.buf,
-                   (size_t)digest.len, (const unsigned char *)packed.buf + offset, (size_t)step,
-                   (const unsigned char *)PyBytes_AS_STRING(extra),
-                   (size_t)PyBytes_GET_SIZE(extra), out);
-        PyList_SET_ITEM(keys, i, key);
-        prev = out;
-        prev_len = KEY_BYTES;
-    }
+    keys = chain_keys(self, &parent, &packed, &digest, step, offset, count, seq);
 done:
-    OPENSSL_cleanse(&ctx, sizeof ctx);
     Py_XDECREF(seq);
     PyBuffer_Release(&parent);
     PyBuffer_Release(&packed);

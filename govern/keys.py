@@ -396,17 +396,6 @@ class KeyDeriver:
                 parent, packed, digest, block_size, count, first
             )
             return native
-        return self._derive_chain_python(parent, packed, digest, block_size, count, first)
-
-    def _derive_chain_python(
-        self,
-        parent: bytes,
-        packed: bytes,
-        digest: ScopeDigest,
-        block_size: int,
-        count: int,
-        first: int,
-    ) -> list[CacheKey]:
         inner_state, outer_state = self._inner.copy, self._outer.copy
         step = 4 * block_size
         keys: list[bytes] = []
