@@ -299,7 +299,7 @@ class KeyDeriver:
                 "implementation",
                 "native",
                 "the compiled key chain is not installed (reinstall kvgov where a C "
-                "compiler and OpenSSL's headers are present; docs/performance.md)",
+                "compiler and OpenSSL's headers are present; docs/operations.md, Secrets)",
             )
         if not isinstance(secret, bytes | bytearray):
             raise KeySecretError(f"must be bytes, got {type(secret).__name__}")
