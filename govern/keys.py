@@ -70,7 +70,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, Literal, NewType, cast
+from typing import Any, Literal, NewType, cast, get_args
 
 from kvgov.defaults import KEY_SECRET_ENV, KEYCHAIN_ENV, MIN_KEY_SECRET_BYTES
 from kvgov.exceptions import InvalidArgument, InvalidTokens, KeySecretError
@@ -87,8 +87,11 @@ except ImportError:  # no C compiler or no OpenSSL headers at install: the pure 
 NATIVE_KEYCHAIN: bool = _native_chain is not None
 #: Which key-chain implementation a :class:`KeyDeriver` uses (``implementation=``).
 KeyChainImpl = Literal["auto", "native", "python"]
+#: The values of :data:`KeyChainImpl` (``KVGOV_KEYCHAIN``'s accepted values).
+KEYCHAIN_CHOICES: tuple[str, ...] = get_args(KeyChainImpl)
 
 __all__ = [
+    "KEYCHAIN_CHOICES",
     "NATIVE_KEYCHAIN",
     "CacheKey",
     "KeyChainImpl",
@@ -292,7 +295,7 @@ class KeyDeriver:
     __slots__ = ("_inner", "_native", "_outer", "_secret")
 
     def __init__(self, secret: bytes, *, implementation: KeyChainImpl = "auto") -> None:
-        if implementation not in ("auto", "native", "python"):
+        if implementation not in KEYCHAIN_CHOICES:
             raise InvalidArgument("implementation", repr(implementation), "auto, native or python")
         if implementation == "native" and _native_chain is None:
             raise InvalidArgument(
@@ -504,7 +507,7 @@ def keychain_setting(environ: Mapping[str, str]) -> KeyChainImpl:
         InvalidArgument: any other value (a typo never falls back to ``auto``).
     """
     value = environ.get(KEYCHAIN_ENV, "").strip() or "auto"
-    if value not in ("auto", "native", "python"):
+    if value not in KEYCHAIN_CHOICES:
         raise InvalidArgument(KEYCHAIN_ENV, value, "auto, native or python")
     return cast(KeyChainImpl, value)
 

@@ -11,10 +11,10 @@ import torch
 
 from kvgov.allocator import KVSpec
 from kvgov.govern import CacheScope, GovernedKVCache, OffloadConfig
-from kvgov.govern.keys import NATIVE_KEYCHAIN, pack_tokens
+from kvgov.govern.keys import pack_tokens
 from kvgov.offload import HostMemoryTier, LocalKEK, Tier
 from tests.support.clock import FakeClock
-from tests.support.keychain import native_keychain_unbuildable
+from tests.support.keychain import native_keychain_skip
 from tests.support.redis import (  # noqa: F401 - shared fixtures
     own_redis,
     redis_cluster,
@@ -29,7 +29,7 @@ SPEC = KVSpec(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype=torc
 
 
 def _native_param() -> Any:
-    why = None if NATIVE_KEYCHAIN else native_keychain_unbuildable()
+    why = native_keychain_skip()
     return pytest.param("native", marks=pytest.mark.skip(reason=why)) if why else "native"
 
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from kvgov.exceptions import InvalidArgument
 from kvgov.govern import GovernedKVCache, keys
 from kvgov.govern.keys import KeyDeriver, ScopeDigest, pack_tokens
-from tests.support.keychain import native_keychain_unbuildable
+from tests.support.keychain import native_keychain_skip, native_keychain_unbuildable
 
 from .conftest import KEYCHAIN_IMPLS
 
-_WHY = None if keys.NATIVE_KEYCHAIN else native_keychain_unbuildable()
+_WHY = native_keychain_skip()
 needs_native = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 
 

@@ -6,6 +6,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
+from kvgov.govern.keys import NATIVE_KEYCHAIN
+
 
 def native_keychain_unbuildable() -> str | None:
     """Why this machine could not have built the compiled key chain, or None if it could.
@@ -24,3 +26,9 @@ def native_keychain_unbuildable() -> str | None:
     if not any((d / "openssl" / "sha.h").is_file() for d in (include, Path("/usr/include"))):
         return "no OpenSSL headers (openssl/sha.h) to build kvgov.govern._keychain"
     return None
+
+
+def native_keychain_skip() -> str | None:
+    """Why the tests of the compiled key chain skip here (None: they run): it is not
+    installed because this machine could not build it."""
+    return None if NATIVE_KEYCHAIN else native_keychain_unbuildable()
