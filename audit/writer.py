@@ -64,7 +64,7 @@ from kvgov.audit.durability import (
 )
 from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent
 from kvgov.audit.outbox import Outbox, Snapshot
-from kvgov.audit.persist import Refusal, first_line, load_head, store_records
+from kvgov.audit.persist import HeldConnection, Refusal, first_line, load_head
 from kvgov.audit.sealer import Item, Sealer
 from kvgov.audit.signing import SigningKey, load_signing_key
 from kvgov.audit.spool import (
@@ -277,6 +277,7 @@ class AuditLog:
         self._db_since: float | None = None  # monotonic start of the call in flight
         self._db_error: str | None = None
         self._persists = 0  # persist attempts finished (flush waits for a new one)
+        self._db = HeldConnection(self._engine)  # the writer thread's, between passes
         now_us = round(clock() * 1_000_000)
         key = KeyRecord(self._key.key_id, self._key.public_raw, self._key.origin, stream, now_us)
         self._out = Outbox(
@@ -570,9 +571,11 @@ class AuditLog:
             except Exception:  # a bug: say so, keep writing
                 _log.exception("audit writer pass failed")
             if self._handed_over:  # close() returned: its spool is the next writer's
+                self._db.release()
                 self._engine.dispose()
                 return
             if final:
+                self._db.release()
                 return
 
     def _keep(self) -> None:
@@ -630,7 +633,7 @@ class AuditLog:
                 self._cv.notify_all()
             try:
                 replay = self._out.spool.read() if snap.replay else None
-                refusals = store_records(self._engine, self._stream, replay, snap.records, notes)
+                refusals = self._db.store(self._stream, replay, snap.records, notes)
                 self._db_backoff.succeeded()
             except Exception as exc:  # unreachable, timed out, no schema, no permission
                 self._db_backoff.failed()

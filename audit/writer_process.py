@@ -269,47 +269,59 @@ def _serve(log: HandoffLog, source: Any, send: Any, acker: _Acknowledger) -> int
                 with contextlib.suppress(OSError):
                     marker.write(log.marker)
             return 0
-        tag = frame[0]
-        if tag == "R":
-            critical = 0
+        # handled in a call of its own: the frame is freed when it returns, while this
+        # loop waits for the next one, not when the next one arrives (a frame of large
+        # events holds thousands of objects: freeing them is the writer's work of now)
+        status = _handle(log, frame, send, acker)
+        del frame
+        if status is not None:
+            return status
+
+
+def _handle(log: HandoffLog, frame: tuple[Any, ...], send: Any, acker: _Acknowledger) -> int | None:
+    """Act on one frame; an exit status when the writer must stop, else None."""
+    tag = frame[0]
+    if tag == "R":
+        critical = 0
+        try:
+            for item in frame[1]:
+                seq, time_us, record = item[0], item[1], item[2]
+                if len(item) > 3:
+                    log.gap_returned(item[3])
+                log.append(seq, time_us, event_from_record(record))
+                if record[0] in CRITICAL_EVENT_TYPES:
+                    critical = seq
+        except AuditUnavailable as exc:  # out of step with the engine: stop, it restarts us
+            send(("X", exc.reason))
+            return 2
+        if critical:
             try:
-                for item in frame[1]:
-                    seq, time_us, record = item[0], item[1], item[2]
-                    if len(item) > 3:
-                        log.gap_returned(item[3])
-                    log.append(seq, time_us, event_from_record(record))
-                    if record[0] in CRITICAL_EVENT_TYPES:
-                        critical = seq
-            except AuditUnavailable as exc:  # out of step with the engine: stop, it restarts us
-                send(("X", exc.reason))
-                return 2
-            if critical:
-                try:
-                    log.await_durable(critical)
-                except AuditUnavailable as exc:
-                    acker.push(force=True)
-                    send(("K", critical, exc.reason))
-                    continue
-                acker.push()
-        elif tag == "F":
-            error: str | None = None
-            try:
-                log.flush()
+                log.await_durable(critical)
             except AuditUnavailable as exc:
-                error = exc.reason
-            acker.push(force=True)
-            send(("F", frame[1], error))
-        elif tag == "C":
-            log.detach()
-            error = None
-            try:
-                log.close()
-            except AuditUnavailable as exc:
-                error = exc.reason
-            acker.stop.set()
-            acker.push(force=True)
-            send(("C", error))
-            return 0
+                acker.push(force=True)
+                send(("K", critical, exc.reason))
+                return None
+            acker.push()
+    elif tag == "F":
+        error: str | None = None
+        try:
+            log.flush()
+        except AuditUnavailable as exc:
+            error = exc.reason
+        acker.push(force=True)
+        send(("F", frame[1], error))
+    elif tag == "C":
+        log.detach()
+        error = None
+        try:
+            log.close()
+        except AuditUnavailable as exc:
+            error = exc.reason
+        acker.stop.set()
+        acker.push(force=True)
+        send(("C", error))
+        return 0
+    return None
 
 
 if __name__ == "__main__":

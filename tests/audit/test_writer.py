@@ -16,7 +16,7 @@ from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
 from kvgov.audit import store as store_mod
 from kvgov.audit import writer as writer_mod
 from kvgov.audit.models import EVENT_INSERT_COLUMNS
-from kvgov.audit.persist import insert_sqlite
+from kvgov.audit.persist import HeldConnection, insert_sqlite
 from kvgov.audit.store import normalize_url
 from kvgov.exceptions import AuditUnavailable, InvalidAuditEvent
 from kvgov.retry import Backoff
@@ -353,17 +353,19 @@ def test_a_busy_caller_gets_one_commit_per_interval_not_one_per_handful(
     import time
 
     calls: list[int] = []
-    real = writer_mod.store_records
+    real = HeldConnection.store
 
-    def slow_store(*args: object, **kwargs: object) -> object:
-        calls.append(len(args[3]))  # type: ignore[arg-type]
+    def slow_store(
+        self: HeldConnection, stream: str, replay: object, records: list[object], *rest: object
+    ) -> object:
+        calls.append(len(records))
         time.sleep(0.002)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+        return real(self, stream, replay, records, *rest)  # type: ignore[arg-type]
 
     log = AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl")
     try:
         log.flush()
-        monkeypatch.setattr(writer_mod, "store_records", slow_store)
+        monkeypatch.setattr(HeldConnection, "store", slow_store)
         started = time.monotonic()
         for i in range(500):
             log.record(sample_event(i))
@@ -383,7 +385,7 @@ def test_a_closed_writer_whose_database_call_hung_leaves_the_spool_to_the_next(
     """Issue 25: close() under a hung database call hands the spool over; when the call
     returns, the closed writer's thread makes no database call and does not replay or
     remove the spool of a new writer of the same worker id in the same process."""
-    real = writer_mod.store_records
+    real = HeldConnection.store
     hold, hung, release, down = (threading.Event() for _ in range(4))
     old: dict[str, threading.Thread] = {}
     after_close: list[str] = []
@@ -400,7 +402,7 @@ def test_a_closed_writer_whose_database_call_hung_leaves_the_spool_to_the_next(
             raise OSError("database down (test)")  # the new writer's thread: it spools
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writer_mod, "store_records", store)
+    monkeypatch.setattr(HeldConnection, "store", store)
     spool = tmp_path / "w1.spool.jsonl"
     log = AuditLog(sqlite_url, "w1", spool_path=spool, max_queue_age=0.2, retry_seconds=0.0)
     old["thread"] = log._thread
