@@ -432,3 +432,50 @@ def test_a_closed_writer_whose_database_call_hung_leaves_the_spool_to_the_next(
     assert report.ok, report
     assert _count(sqlite_url, "type = 'audit_gap'") == 0
     assert log2.stats().quarantined == 0
+
+
+def test_an_idle_writer_sleeps_and_its_next_event_wakes_it(db_url: str, tmp_path: Path) -> None:
+    """With nothing to write, the writer stops passing every interval (an idle pass costs
+    CPU 20 times a second); the next event wakes it at once, not at its idle poll."""
+    import time
+
+    with AuditLog(db_url, "w1", spool_path=tmp_path / "s.jsonl") as log:
+        log.flush()
+        passes: list[float] = []
+        real = log._pass
+
+        def counted(*, final: bool = False) -> bool:
+            passes.append(time.monotonic())
+            return real(final=final)
+
+        log._pass = counted  # type: ignore[method-assign]
+        time.sleep(1.2)  # 24 intervals
+        assert len(passes) <= writer_mod.IDLE_AFTER_PASSES + 2, len(passes)
+        seq = int(log.record(sample_event(1)).rpartition(":")[2])
+        recorded = time.monotonic()
+        while log.stats().durable_seq < seq and time.monotonic() - recorded < 5:
+            time.sleep(0.005)
+        took = time.monotonic() - recorded
+        assert log.stats().durable_seq >= seq
+        assert took < writer_mod.IDLE_POLL_SECONDS / 2, took
+    assert _count(db_url) == 1 and verify(db_url).ok
+
+
+def test_an_idle_writer_process_is_woken_by_its_next_event(sqlite_url: str, tmp_path: Path) -> None:
+    """The writer process's writer sleeps when idle too; an event the engine hands over
+    wakes it (not its idle poll, up to IDLE_POLL_SECONDS later)."""
+    import time
+
+    with AuditLog(sqlite_url, "w1", spool_path=tmp_path / "s.jsonl", writer="process") as log:
+        log.flush()
+        time.sleep(1.2)
+        took = []
+        for i in range(3):
+            seq = int(log.record(sample_event(i)).rpartition(":")[2])
+            recorded = time.monotonic()
+            while log.stats().durable_seq < seq and time.monotonic() - recorded < 5:
+                time.sleep(0.005)
+            took.append(time.monotonic() - recorded)
+            time.sleep(0.6)  # idle again (4 empty passes: 0.2 s)
+        assert max(took) < writer_mod.IDLE_POLL_SECONDS / 2, took
+    assert _count(sqlite_url) == 3 and verify(sqlite_url).ok
