@@ -34,16 +34,17 @@ def test_skips_with_exit_0_where_vllm_is_unavailable() -> None:
     assert "RESULT vllm_available=0" in out.stdout
 
 
-def test_bad_arguments_exit_2() -> None:
+@pytest.mark.parametrize("flag", ["--rounds", "--writer-stream"])
+def test_bad_arguments_exit_2(flag: str) -> None:
     """Negative counts are refused before any work."""
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--rounds", "-1"],
+        [sys.executable, str(BENCH), flag, "-1"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert out.returncode == 2 and "--rounds" in out.stderr
+    assert out.returncode == 2 and flag in out.stderr
 
 
 def test_the_target_is_1_10_at_1024_tokens_and_1_05_from_4096() -> None:
