@@ -1,11 +1,13 @@
-"""The one thing pyproject.toml cannot declare: kvgov's optional compiled key chain.
+"""The one thing pyproject.toml cannot declare: kvgov's optional compiled hot paths.
 
 ``kvgov.govern._keychain`` (govern/_keychain.c) derives the block-key chain over
-OpenSSL's SHA-256, 3-4x faster than the pure path in ``kvgov.govern.keys``, which
-stays the specification and the fallback. The extension is optional: where no C
-compiler or no OpenSSL headers are found the build goes on without it, and kvgov
-uses the pure path (``kvgov.govern.keys.NATIVE_KEYCHAIN`` says which; docs/performance.md).
-Everything else about the package is in pyproject.toml.
+OpenSSL's SHA-256, 3-4x faster than the pure path in ``kvgov.govern.keys``;
+``kvgov.audit._seal`` (audit/_seal.c) computes one link of the audit hash chain for
+the audit writer's sealer (``kvgov.audit.sealer``). The pure paths stay the
+specification and the fallback. Both extensions are optional: where no C compiler or
+no OpenSSL headers are found the build goes on without them, and kvgov uses the pure
+paths (``kvgov.govern.keys.NATIVE_KEYCHAIN`` and ``kvgov.audit.sealer.NATIVE_LINK``
+say which; docs/performance.md). Everything else about the package is in pyproject.toml.
 """
 
 from setuptools import Extension, setup
@@ -17,6 +19,12 @@ setup(
             sources=["govern/_keychain.c"],
             libraries=["crypto"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kvgov.audit._seal",
+            sources=["audit/_seal.c"],
+            libraries=["crypto"],
+            optional=True,
+        ),
     ]
 )

@@ -12,10 +12,11 @@ calls it under its ``cv``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import time
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Final
+from typing import Any, Final
 
 from kvgov.audit.chain import (
     CHAIN_FORMAT,
@@ -29,7 +30,17 @@ from kvgov.audit.events import FIELDS, AuditEvent, CompactEvent
 from kvgov.audit.signing import SigningKey, checkpoint_message
 from kvgov.audit.spool import CheckpointRecord, EventRecord
 
-__all__ = ["Item", "Sealer"]
+__all__ = ["NATIVE_LINK", "Item", "Sealer"]
+
+_native_link: Any
+try:  # one chain link compiled (audit/_seal.c), built by setup.py where it can be
+    _native_link = importlib.import_module("kvgov.audit._seal").link
+except ImportError:  # no C compiler or no OpenSSL headers at install: the pure path
+    _native_link = None
+
+#: Whether the compiled chain link is installed; a :class:`Sealer` uses it where it is
+#: (for chain format 2, the one writers write), the pure path otherwise.
+NATIVE_LINK: bool = _native_link is not None
 
 _SCOPE_END: Final = FIELDS.index("sequence_id")
 #: ``type`` .. ``template_version``: the same for most events of one tenant and model.
@@ -38,6 +49,8 @@ _SCOPE: Final = attrgetter("type", *FIELDS[:_SCOPE_END])
 _REQUEST: Final = attrgetter(*FIELDS[_SCOPE_END:])
 #: Scopes whose JSON the sealer keeps before it starts over.
 _SCOPE_CACHE_SIZE: Final = 4096
+#: Details objects whose JSON the sealer keeps before it starts over.
+_DETAILS_CACHE_SIZE: Final = 256
 
 #: A queued event: (seq, time_us, event); a writer process's are compact (the same fields).
 Item = tuple[int, int, AuditEvent | CompactEvent]
@@ -55,6 +68,12 @@ class Sealer:
         last_checkpoint: the last checkpointed ``seq`` (-1 when the stream has none).
         checkpoint_every: events between two checkpoints.
         checkpoint_seconds: seconds unsigned events may wait for a checkpoint.
+        native: hash each event's text with the compiled link (``kvgov.audit._seal``,
+            the same bytes; an event holding a value it does not write is hashed the pure
+            way); None: where it is installed.
+
+    Raises:
+        RuntimeError: ``native`` is True and the compiled link is not installed.
     """
 
     def __init__(
@@ -67,7 +86,10 @@ class Sealer:
         last_checkpoint: int,
         checkpoint_every: int,
         checkpoint_seconds: float,
+        native: bool | None = None,
     ) -> None:
+        if native and _native_link is None:
+            raise RuntimeError("the compiled audit chain link (kvgov.audit._seal) is not installed")
         self.stream = stream
         #: The last sealed ``seq`` and its chain hash (written only by :meth:`seal`).
         self.head_seq = head_seq
@@ -82,7 +104,16 @@ class Sealer:
         # caches: decimal text of block ids, JSON of scopes
         self._block_ids_json = BlockIdsJson()
         self._scope_json: dict[tuple[str | None, ...], str] = {}
-        self._last_details: tuple[object, str] = (None, "{}")
+        self._details_json: dict[int, tuple[object, str]] = {}
+        use = NATIVE_LINK if native is None else native
+        self._link: Callable[..., bytes] | None = (
+            _native_link if use and CHAIN_FORMAT == 2 else None
+        )
+
+    @property
+    def native(self) -> bool:
+        """Whether this sealer hashes with the compiled link."""
+        return self._link is not None
 
     def checkpoint(self, seq: int, chain: ChainHash, out: list[CheckpointRecord]) -> None:
         """Sign ``(stream, seq, chain)`` and append the checkpoint to ``out``.
@@ -138,9 +169,13 @@ class Sealer:
         scope_of, request_of = _SCOPE, _REQUEST
         scope_json = self._scope_json
         prefix = canonical_prefix(stream, CHAIN_FORMAT)
-        # the details of the last event that had any, and their JSON: derived events
-        # share their source's details (immutable, as the event), so the JSON is one
-        last_details, last_det = self._last_details
+        prefix_bytes = prefix.encode(charset)
+        link = self._link
+        # details objects seen lately and their JSON: events derived from one
+        # (AuditEvent.derive) and events a binding built from one kept mapping share
+        # their details (immutable, as the event), so the JSON is encoded once; kept with
+        # the object, so that its id names it while it is kept
+        details_json = self._details_json
         for seq, time_us, ev in items:
             scope = scope_of(ev)  # str or None only: equal tuples have equal JSON
             head = scope_json.get(scope)
@@ -153,13 +188,24 @@ class Sealer:
             details = ev.details
             if not details:
                 det = "{}"
-            elif details is last_details:  # events derived from one (AuditEvent.derive)
-                det = last_det
             else:
-                det = last_det = encode_details(details)
-                last_details = details
-            text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
-            h = sha256(prev + text.encode(charset)).digest()
+                hit = details_json.get(id(details))
+                if hit is not None and hit[0] is details:
+                    det = hit[1]
+                else:
+                    det = encode_details(details)
+                    if len(details_json) >= _DETAILS_CACHE_SIZE:
+                        details_json.clear()
+                    details_json[id(details)] = (details, det)
+            if link is None:
+                text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
+                h = sha256(prev + text.encode(charset)).digest()
+            else:
+                try:
+                    h = link(prev, prefix_bytes, seq, time_us, head, request, bids, det)
+                except TypeError:  # a value only the pure path writes (never an event's)
+                    text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
+                    h = sha256(prev + text.encode(charset)).digest()
             # the row holds the hashes as bytearrays: the sqlite3 driver binds those
             # directly, bytes only after an adapter lookup (half a microsecond a row)
             h_row = bytearray(h)
@@ -169,4 +215,3 @@ class Sealer:
                 self.checkpoint(seq, ChainHash(h), cps)
         self.head_seq = items[-1][0]
         self.head_hash = ChainHash(prev)
-        self._last_details = (last_details, last_det)

@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgov.allocator import BlocksCached, BlocksEvicted, BlockState, BlocksZeroized
 from kvgov.audit import AuditEvent, AuditLog, EventType
@@ -772,6 +772,12 @@ class Governor:
             )
 
 
+#: Admission events' details by their values (:func:`admission_event`), and how many
+#: are kept before it starts over.
+_ADMISSION_DETAILS: dict[tuple[Any, ...], dict[str, Any]] = {}
+_ADMISSION_DETAILS_SIZE: Final = 1024
+
+
 def admission_event(
     view: ScopeView,
     seq_id: str | None,
@@ -793,17 +799,34 @@ def admission_event(
     by ``AuditEvent``'s rules. ``own_reuse``: see :meth:`Governor.record_admission`.
     """
     decision = adm.decision
-    details = trusted_details(
-        {
-            "cache": cacheable,
-            "priority": adm.priority,
-            "reason": adm.reason,
-            "requested_priority": requested_priority,
-            "ttl_seconds": ttl,
-        }
-    )
-    if own_reuse is not None:  # kvgov's counts
-        details[OWN_REUSE_KEY] = {"blocks": own_reuse[0], "reused_tokens": own_reuse[1]}
+    priority, reason = adm.priority, adm.reason
+    # one details mapping per set of values (types included: 1, 1.0 and True differ in
+    # JSON): events share it, the writer encodes it once (a mapping is never changed)
+    key = (
+        cacheable, type(priority), priority, reason, type(requested_priority),
+        requested_priority, type(ttl), ttl, own_reuse,
+    )  # fmt: skip
+    hashable = True
+    try:
+        details = _ADMISSION_DETAILS.get(key)
+    except TypeError:  # an unhashable value: AuditEvent's checks (below) say what it is
+        details, hashable = None, False
+    if details is None:
+        details = trusted_details(
+            {
+                "cache": cacheable,
+                "priority": priority,
+                "reason": reason,
+                "requested_priority": requested_priority,
+                "ttl_seconds": ttl,
+            }
+        )
+        if own_reuse is not None:  # kvgov's counts
+            details[OWN_REUSE_KEY] = {"blocks": own_reuse[0], "reused_tokens": own_reuse[1]}
+        if hashable:
+            if len(_ADMISSION_DETAILS) >= _ADMISSION_DETAILS_SIZE:
+                _ADMISSION_DETAILS.clear()
+            _ADMISSION_DETAILS[key] = details
     return trusted_event(
         EventType.ADMISSION,
         view.values,

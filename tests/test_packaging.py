@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.keychain import native_keychain_unbuildable
+from tests.support.native import native_unbuildable
 
 ROOT = Path(__file__).parents[1]
 LAYERS = ("allocator", "audit", "govern", "offload", "policy", "migrations", "cli")
@@ -84,16 +84,19 @@ def test_the_wheel_maps_every_layer_into_kvgov(wheel: Path) -> None:
         assert "kvgov = kvgov.cli.main:main" in zf.read(entry_points).decode()
 
 
-def test_the_wheel_holds_the_compiled_key_chain(wheel: Path) -> None:
-    """setup.py's optional extension is built into the wheel where this machine can build it
-    (the tests of its keys are tests/govern/test_keychain_native.py)."""
-    why = native_keychain_unbuildable()
+@pytest.mark.parametrize(
+    "module", ["kvgov/govern/_keychain", "kvgov/audit/_seal"], ids=["keychain", "seal"]
+)
+def test_the_wheel_holds_the_compiled_extensions(wheel: Path, module: str) -> None:
+    """setup.py's optional extensions are built into the wheel where this machine can build
+    them (their tests: tests/govern/test_keychain_native.py, tests/audit/test_seal_native.py)."""
+    why = native_unbuildable(module.replace("/", "."))
     if why is not None:
         pytest.skip(why)
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert [n for n in names if n.startswith("kvgov/govern/_keychain.") and n.endswith(".so")]
-    assert not [n for n in names if n.endswith(".c")]  # the source stays in the sdist
+    assert [n for n in names if n.startswith(f"{module}.") and n.endswith(".so")]
+    assert not [n for n in names if n.endswith(".c")]  # the sources stay in the sdist
 
 
 def test_building_the_wheel_warns_of_nothing(wheel: Path) -> None:

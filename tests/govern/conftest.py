@@ -14,7 +14,7 @@ from kvgov.govern import CacheScope, GovernedKVCache, OffloadConfig
 from kvgov.govern.keys import pack_tokens
 from kvgov.offload import HostMemoryTier, LocalKEK, Tier
 from tests.support.clock import FakeClock
-from tests.support.keychain import native_keychain_skip
+from tests.support.native import native_keychain_skip
 from tests.support.redis import (  # noqa: F401 - shared fixtures
     own_redis,
     redis_cluster,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvgov.exceptions import InvalidArgument
 from kvgov.govern import GovernedKVCache, keys
 from kvgov.govern.keys import KeyDeriver, ScopeDigest, pack_tokens
-from tests.support.keychain import native_keychain_skip, native_keychain_unbuildable
+from tests.support.native import native_keychain_skip, native_keychain_unbuildable
 
 from .conftest import KEYCHAIN_IMPLS
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvgov.audit import AuditQueries
+from kvgov.audit import AuditEvent, AuditQueries
 from kvgov.govern import GovernedKVCache
 from tests.support.trusted import shadow_trusted_events
 
@@ -52,3 +52,29 @@ def test_every_trusted_event_matches_the_checked_one(
     with AuditQueries(audit_url) as trail:
         ttls = {e.details["ttl_seconds"] for e in trail.events(type="admission")}
     assert ttls == {90.5, 3600}  # the policy's TTLs: bank's, and clinic's default
+
+
+def test_admissions_of_one_decision_share_one_details_mapping(
+    make_cache: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission events whose details hold the same values share one mapping (the writer
+    then encodes its JSON once); any value that differs gets a mapping of its own."""
+    cache = make_cache(num_blocks=16)
+    events: list[AuditEvent] = []
+    real = cache.audit.record
+
+    def record(event: AuditEvent) -> str:
+        events.append(event)
+        return real(event)
+
+    monkeypatch.setattr(cache.audit, "record", record)
+    for i, priority in enumerate([5, 5, 7]):
+        cache.admit(
+            f"r{i}", make_scope(tenant="bank"), list(range(100 * i, 100 * i + 9)), priority=priority
+        )
+        cache.release(f"r{i}")
+    admissions = [e for e in events if e.type == "admission"]
+    assert len(admissions) == 3
+    assert admissions[0].details is admissions[1].details
+    assert admissions[2].details is not admissions[0].details
+    assert [e.details["requested_priority"] for e in admissions] == [5, 5, 7]
