@@ -519,8 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         "process), not in the ratio"
     )
     print("RESULT vllm_available=1")
-    # the target (#28) is the full-attention stream's; the hybrid rows are reported beside it
-    worst = max(r[1] for r in results if not r[0].startswith("hybrid"))
+    # the target (#28) is the full-attention stream's (the hybrid rows are reported beside
+    # it), the 8-tenant row's net of the cold prefills isolation causes, as #28 allows
+    judged = {r[0]: r[1] for r in results if not r[0].startswith("hybrid")}
+    judged.update(nets)
+    worst_name, worst = max(judged.items(), key=lambda kv: kv[1])
     for name, ratio, wall_ratio, step_ratio in results:
         print(f"RESULT {name}_ratio={ratio:.3f}")
         print(f"RESULT {name}_wall_ratio={wall_ratio:.3f}")
@@ -528,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, ratio in nets:
         print(f"RESULT {name}_net_ratio={ratio:.3f}")
     target = target_for(args.prompt)
-    print(f"RESULT target={target} {'met' if worst <= target else 'MISSED'} (worst {worst:.3f})")
+    net = " net of isolation" if worst_name in dict(nets) else ""
+    print(
+        f"RESULT target={target} {'met' if worst <= target else 'MISSED'} "
+        f"(worst {worst:.3f}, {worst_name}{net})"
+    )
     if writer_runs:
         print(f"RESULT writer_run_us_per_request={_median(writer_runs):.1f}")
     if stream:
