@@ -20,6 +20,10 @@
  * way. A str that is not valid Unicode (a lone surrogate) raises UnicodeEncodeError,
  * as the pure path does when it encodes the text.
  *
+ * ids_json writes a block-id tuple's JSON (each id in decimal): the pure path's
+ * BlockIdsJson keeps the text of ids below 2**18 and encodes larger ones with the json
+ * module, several times slower, where a large pool's ids reach past it.
+ *
  * Why compiled: the audit writer seals every event; the pure path spends about 1.8 us
  * an event assembling the text, encoding it and calling hashlib (docs/performance.md),
  * this about 0.4. The verifier (kvgov.audit.verify) re-derives every hash from the
@@ -288,8 +292,81 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(ids_json_doc,
+"ids_json(ids) -> str\n"
+"\n"
+"The JSON array of a tuple of block ids, as the sealer stores and hashes it: each id\n"
+"in decimal, comma-separated, no spaces (kvgov.audit.chain.BlockIdsJson's output).\n"
+"Raises TypeError for an id that is not an int within 64 bits (the caller falls back).");
+
+static PyObject *
+ids_json(PyObject *module, PyObject *ids)
+{
+    Py_ssize_t n, i;
+    char *buf, *p;
+    PyObject *result;
+
+    (void)module;
+    if (!PyTuple_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "ids must be a tuple");
+        return NULL;
+    }
+    n = PyTuple_GET_SIZE(ids);
+    /* 20 digits and a sign or comma an id, and the brackets */
+    buf = PyMem_Malloc((size_t)n * 22 + 2);
+    if (buf == NULL) {
+        return PyErr_NoMemory();
+    }
+    p = buf;
+    *p++ = '[';
+    for (i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(ids, i);
+        long long x;
+        unsigned long long u;
+        int overflow = 0;
+        char digits[20];
+        int d = 0;
+
+        if (!PyLong_Check(v)) {
+            PyMem_Free(buf);
+            PyErr_Format(PyExc_TypeError, "a block id of type %.100s", Py_TYPE(v)->tp_name);
+            return NULL;
+        }
+        x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if ((x == -1 && PyErr_Occurred()) || overflow) {
+            PyMem_Free(buf);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "a block id beyond 64 bits");
+            }
+            return NULL;
+        }
+        if (i) {
+            *p++ = ',';
+        }
+        if (x < 0) {
+            *p++ = '-';
+            u = 0ULL - (unsigned long long)x;
+        }
+        else {
+            u = (unsigned long long)x;
+        }
+        do {
+            digits[d++] = (char)('0' + (u % 10));
+            u /= 10;
+        } while (u);
+        while (d) {
+            *p++ = digits[--d];
+        }
+    }
+    *p++ = ']';
+    result = PyUnicode_DecodeASCII(buf, p - buf, NULL);
+    PyMem_Free(buf);
+    return result;
+}
+
 static PyMethodDef seal_methods[] = {
     {"link", (PyCFunction)(void (*)(void))seal_link, METH_FASTCALL, link_doc},
+    {"ids_json", (PyCFunction)ids_json, METH_O, ids_json_doc},
     {NULL, NULL, 0, NULL},
 };
 

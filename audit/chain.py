@@ -58,7 +58,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from functools import partial
-from operator import itemgetter
+from operator import index, itemgetter
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple, NewType
 
@@ -164,9 +164,9 @@ class BlockIdsJson:
             # a negative id would index from the end: AuditEvent refuses them
             return "[" + ",".join(itemgetter(*ids)(self._text)) + "]"
         except IndexError:
-            top = max(ids)
+            top = max(map(index, ids))
             if top >= self._limit:
-                return _encode(array("Q", ids).tolist())
+                return _encode(array("Q", map(index, ids)).tolist())
             text = self._text
             text.extend(map(str, range(len(text), top + 1)))
             return "[" + ",".join(itemgetter(*ids)(text)) + "]"

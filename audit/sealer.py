@@ -33,10 +33,12 @@ from kvgov.audit.spool import CheckpointRecord, EventRecord
 __all__ = ["NATIVE_LINK", "Item", "Sealer"]
 
 _native_link: Any
+_native_ids: Any
 try:  # one chain link compiled (audit/_seal.c), built by setup.py where it can be
-    _native_link = importlib.import_module("kvgov.audit._seal").link
+    _seal = importlib.import_module("kvgov.audit._seal")
+    _native_link, _native_ids = _seal.link, _seal.ids_json
 except ImportError:  # no C compiler or no OpenSSL headers at install: the pure path
-    _native_link = None
+    _native_link = _native_ids = None
 
 #: Whether the compiled chain link is installed; a :class:`Sealer` uses it where it is
 #: (for chain format 2, the one writers write), the pure path otherwise.
@@ -68,9 +70,9 @@ class Sealer:
         last_checkpoint: the last checkpointed ``seq`` (-1 when the stream has none).
         checkpoint_every: events between two checkpoints.
         checkpoint_seconds: seconds unsigned events may wait for a checkpoint.
-        native: hash each event's text with the compiled link (``kvgov.audit._seal``,
-            the same bytes; an event holding a value it does not write is hashed the pure
-            way); None: where it is installed.
+        native: hash each event's text and write its block ids with the compiled link
+            (``kvgov.audit._seal``, the same bytes; an event holding a value it does not
+            write is done the pure way); None: where it is installed.
 
     Raises:
         RuntimeError: ``native`` is True and the compiled link is not installed.
@@ -109,6 +111,7 @@ class Sealer:
         self._link: Callable[..., bytes] | None = (
             _native_link if use and CHAIN_FORMAT == 2 else None
         )
+        self._ids: Callable[[tuple[int, ...]], str] | None = _native_ids if use else None
 
     @property
     def native(self) -> bool:
@@ -170,7 +173,7 @@ class Sealer:
         scope_json = self._scope_json
         prefix = canonical_prefix(stream, CHAIN_FORMAT)
         prefix_bytes = prefix.encode(charset)
-        link = self._link
+        link, ids_native = self._link, self._ids
         # details objects seen lately and their JSON: events derived from one
         # (AuditEvent.derive) and events a binding built from one kept mapping share
         # their details (immutable, as the event), so the JSON is encoded once; kept with
@@ -184,7 +187,13 @@ class Sealer:
                     scope_json.clear()
                 head = scope_json[scope] = encode(scope)[1:-1]
             request = request_of(ev)
-            bids = encode_ids(ev.block_ids)
+            if ids_native is None:
+                bids = encode_ids(ev.block_ids)
+            else:
+                try:
+                    bids = ids_native(ev.block_ids)
+                except TypeError:  # an id only the pure path writes (never an event's)
+                    bids = encode_ids(ev.block_ids)
             details = ev.details
             if not details:
                 det = "{}"

@@ -125,14 +125,33 @@ def _compact(**fields: Any) -> CompactEvent:
     return CompactEvent(*record)
 
 
+class _Index:
+    """An integer-like block id (``operator.index``), as numpy's integers are."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
 @pytest.mark.parametrize(
     "fields",
-    [{"token_count": 1.5}, {"token_count": 2**70}, {"reused_tokens": True}, {"token_count": -3}],
-    ids=["float", "beyond-64-bits", "bool", "negative"],
+    [
+        {"token_count": 1.5},
+        {"token_count": 2**70},
+        {"reused_tokens": True},
+        {"token_count": -3},
+        {"block_ids": [3, 1, 2]},
+        {"block_ids": (4, _Index(9))},
+        {"block_ids": tuple(range(2**18 - 2, 2**18 + 2))},
+    ],
+    ids=["float", "beyond-64-bits", "bool", "negative", "id-list", "id-index", "ids-past-cache"],
 )
 def test_values_it_does_not_write_fall_back_to_the_pure_path(fields: dict[str, Any]) -> None:
-    """A request value outside what AuditEvent lets through (a float, an integer past 64
-    bits) is hashed the pure way; a bool and a negative integer it writes as json does."""
+    """A value outside what AuditEvent lets through (a float, an integer past 64 bits, ids
+    in a list or integer-like) is done the pure way; a bool, a negative integer and ids
+    past the pure path's text cache it writes as json does."""
     _both([(1, 5, _compact(**fields)), (2, 6, AuditEvent(EventType.EVICTION, tenant="t"))])
 
 
@@ -144,8 +163,14 @@ def test_a_lone_surrogate_is_refused_by_both() -> None:
 
 
 def test_link_refuses_bad_arguments() -> None:
-    """The C function checks what it is given rather than reading past it."""
-    from kvgov.audit._seal import link  # type: ignore[import-not-found]
+    """The C functions check what they are given rather than reading past it."""
+    from kvgov.audit._seal import ids_json, link  # type: ignore[import-not-found]
+
+    assert ids_json((0, 7, 2**53 - 1)) == "[0,7,9007199254740991]"
+    assert ids_json(()) == "[]"
+    for bad in ([1], (1.0,), ("1",), (2**64,)):
+        with pytest.raises(TypeError):
+            ids_json(bad)
 
     prefix = canonical_prefix("s").encode()
     good = (bytes(32), prefix, 1, 2, "h", ("a", 1, None), "[]", "{}")
