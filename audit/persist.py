@@ -1,7 +1,9 @@
 """Writing sealed records to the audit database, and isolating the ones it refuses.
 
-The writer hands :func:`store_records` everything due in one pass: a spool being
-replayed and the events, checkpoints and keys sealed since. Normally they go in one
+The writer hands everything due in one pass (a spool being replayed and the events,
+checkpoints and keys sealed since) to :func:`store_on`, on the connection it keeps
+between passes (:class:`HeldConnection`); :func:`store_records` does the same on a
+connection of its own. Normally they go in one
 transaction. When the database *refuses* the data (:func:`is_refusal`: a value it
 cannot hold, a duplicate key) rather than being unreachable, one bad record must not
 hold back the records behind it, so the batch is bisected, each half in its own
@@ -44,6 +46,7 @@ __all__ = [
     "is_refusal",
     "last_seq",
     "load_head",
+    "store_on",
     "store_records",
 ]
 
