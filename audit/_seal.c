@@ -295,9 +295,73 @@ done:
 PyDoc_STRVAR(ids_json_doc,
 "ids_json(ids) -> str\n"
 "\n"
-"The JSON array of a tuple of block ids, as the sealer stores and hashes it: each id\n"
-"in decimal, comma-separated, no spaces (kvgov.audit.chain.BlockIdsJson's output).\n"
-"Raises TypeError for an id that is not an int within 64 bits (the caller falls back).");
+"The JSON array of block ids, as the sealer stores and hashes it: each id in decimal,\n"
+"comma-separated, no spaces (kvgov.audit.chain.BlockIdsJson's output). ids: a tuple of\n"
+"ints, or an array(\"Q\") (a C-contiguous buffer of unsigned 64-bit integers).\n"
+"Raises TypeError for anything else, or an id that is not an int within 64 bits (the\n"
+"caller falls back).");
+
+/* One id in decimal at p (a minus sign first if negative); returns the end. */
+static char *
+put_id(char *p, int negative, unsigned long long u)
+{
+    char digits[20];
+    int d = 0;
+
+    if (negative) {
+        *p++ = '-';
+    }
+    do {
+        digits[d++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    while (d) {
+        *p++ = digits[--d];
+    }
+    return p;
+}
+
+static PyObject *
+ids_from_buffer(PyObject *ids)
+{
+    Py_buffer view;
+    Py_ssize_t n, i;
+    const unsigned long long *v;
+    char *buf, *p;
+    PyObject *result;
+
+    if (PyObject_GetBuffer(ids, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "ids must be a tuple or an array('Q')");
+        return NULL;
+    }
+    if (view.itemsize != 8 || view.format == NULL
+        || !(strcmp(view.format, "Q") == 0 || strcmp(view.format, "L") == 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "ids must be unsigned 64-bit integers");
+        return NULL;
+    }
+    n = view.len / 8;
+    v = (const unsigned long long *)view.buf;
+    buf = PyMem_Malloc((size_t)n * 21 + 2);
+    if (buf == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    p = buf;
+    *p++ = '[';
+    for (i = 0; i < n; i++) {
+        if (i) {
+            *p++ = ',';
+        }
+        p = put_id(p, 0, v[i]);
+    }
+    *p++ = ']';
+    PyBuffer_Release(&view);
+    result = PyUnicode_DecodeASCII(buf, p - buf, NULL);
+    PyMem_Free(buf);
+    return result;
+}
 
 static PyObject *
 ids_json(PyObject *module, PyObject *ids)
@@ -308,8 +372,7 @@ ids_json(PyObject *module, PyObject *ids)
 
     (void)module;
     if (!PyTuple_Check(ids)) {
-        PyErr_SetString(PyExc_TypeError, "ids must be a tuple");
-        return NULL;
+        return ids_from_buffer(ids);
     }
     n = PyTuple_GET_SIZE(ids);
     /* 20 digits and a sign or comma an id, and the brackets */
@@ -322,10 +385,7 @@ ids_json(PyObject *module, PyObject *ids)
     for (i = 0; i < n; i++) {
         PyObject *v = PyTuple_GET_ITEM(ids, i);
         long long x;
-        unsigned long long u;
         int overflow = 0;
-        char digits[20];
-        int d = 0;
 
         if (!PyLong_Check(v)) {
             PyMem_Free(buf);
@@ -343,20 +403,7 @@ ids_json(PyObject *module, PyObject *ids)
         if (i) {
             *p++ = ',';
         }
-        if (x < 0) {
-            *p++ = '-';
-            u = 0ULL - (unsigned long long)x;
-        }
-        else {
-            u = (unsigned long long)x;
-        }
-        do {
-            digits[d++] = (char)('0' + (u % 10));
-            u /= 10;
-        } while (u);
-        while (d) {
-            *p++ = digits[--d];
-        }
+        p = x < 0 ? put_id(p, 1, 0ULL - (unsigned long long)x) : put_id(p, 0, (unsigned long long)x);
     }
     *p++ = ']';
     result = PyUnicode_DecodeASCII(buf, p - buf, NULL);

@@ -55,7 +55,7 @@ import hashlib
 import json
 import math
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from functools import partial
 from operator import index, itemgetter
@@ -152,7 +152,7 @@ class BlockIdsJson:
         self._limit = limit
         self._text: list[str] = []
 
-    def __call__(self, ids: tuple[int, ...]) -> str:
+    def __call__(self, ids: Sequence[int]) -> str:
         """Encode ``ids``: non-negative integers, as :class:`AuditEvent` validated them.
 
         An id may be any integer-like value (``operator.index``); its text is that of

@@ -59,7 +59,7 @@ import structlog
 from sqlalchemy.engine import URL
 
 from kvgov.audit.durability import AuditStats, Deferred, Recorded
-from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent, event_record
+from kvgov.audit.events import CRITICAL_EVENT_TYPES, AuditEvent, packed_record
 from kvgov.audit.wire import WireClosed, read_frame, write_frame
 from kvgov.audit.writer import (
     DB_RETRY_SECONDS,
@@ -515,7 +515,7 @@ class ProcessAuditLog(AuditLog):
                 items, self._pending = self._pending, []
                 controls, self._controls = self._controls, []
             # the compact records: each event's fields as one tuple (a C call an event)
-            items = [(i[0], i[1], event_record(i[2])) if len(i) == 3 else i for i in items]
+            items = [(i[0], i[1], packed_record(i[2])) if len(i) == 3 else i for i in items]
             with self._cv:
                 self._retained.extend(items)
                 down = self._down is not None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, Final
 
@@ -111,7 +111,7 @@ class Sealer:
         self._link: Callable[..., bytes] | None = (
             _native_link if use and CHAIN_FORMAT == 2 else None
         )
-        self._ids: Callable[[tuple[int, ...]], str] | None = _native_ids if use else None
+        self._ids: Callable[[Sequence[int]], str] | None = _native_ids if use else None
 
     @property
     def native(self) -> bool:

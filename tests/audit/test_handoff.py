@@ -112,3 +112,32 @@ def test_compact_record_round_trip() -> None:
         event_from_record(("nonsense", *event_record(event)[1:]))
     with pytest.raises(InvalidAuditEvent):
         event_from_record(event_record(event)[:-1])
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["pure", "native"])
+@pytest.mark.parametrize("count", [0, 15, 16, 256])
+def test_a_packed_hand_off_seals_as_the_event(native: bool, count: int) -> None:
+    """The writer process's records carry many block ids packed (``packed_record``); the
+    record it rebuilds seals to the same row as the event itself, in either sealer."""
+    from kvgov.audit.chain import GENESIS_HASH
+    from kvgov.audit.events import RECORD_FIELDS, event_from_record, packed_record
+    from kvgov.audit.sealer import Sealer
+    from kvgov.audit.signing import SigningKey
+    from tests.support.native import native_link_skip
+
+    if native and native_link_skip() is not None:
+        pytest.skip(native_link_skip())
+    event = AuditEvent(
+        EventType.ADMISSION, tenant="t", block_ids=tuple(range(2**40, 2**40 + count))
+    )
+    record = packed_record(event)
+    assert isinstance(record[RECORD_FIELDS.index("block_ids")], bytes) is (count >= 16)
+    rebuilt = event_from_record(record)
+    assert list(rebuilt.block_ids) == list(event.block_ids)
+    key = SigningKey.ephemeral()
+    rows: list[list[object]] = [[], []]
+    for out, ev in zip(rows, (rebuilt, event), strict=True):
+        Sealer("s", key, lambda: 1.0, 0, GENESIS_HASH, -1, 10**6, 60.0, native=native).seal(
+            [(1, 5, ev)], out, []
+        )
+    assert rows[0] == rows[1]
