@@ -21,8 +21,9 @@
                                    retained records are sent again
 
 The engine's cost per event is the hand-off: the event appended under a lock, and on
-the sender thread one tuple of its fields (:data:`kvgov.audit.events.event_record`, a
-C call) pickled with the batch and written to the pipe. The
+the sender thread one tuple of its fields (:func:`kvgov.audit.events.packed_record`:
+one C call, and many block ids packed into one buffer) pickled with the batch and
+written to the pipe. The
 writer process seals (hash chain, signatures), stores and spools with the same rules
 as the in-process writer, whose code it runs (:mod:`kvgov.audit.writer_process`).
 
@@ -514,7 +515,8 @@ class ProcessAuditLog(AuditLog):
             with self._lock:
                 items, self._pending = self._pending, []
                 controls, self._controls = self._controls, []
-            # the compact records: each event's fields as one tuple (a C call an event)
+            # the compact records: each event's fields as one tuple (a C call an event;
+            # many block ids packed into one buffer)
             items = [(i[0], i[1], packed_record(i[2])) if len(i) == 3 else i for i in items]
             with self._cv:
                 self._retained.extend(items)
