@@ -173,7 +173,10 @@ class Sealer:
         scope_json = self._scope_json
         prefix = canonical_prefix(stream, CHAIN_FORMAT)
         prefix_bytes = prefix.encode(charset)
-        link, ids_native = self._link, self._ids
+        link = self._link
+        # the compiled ids' JSON where installed; an id only the pure path writes (never
+        # an event's) raises TypeError there and is written the pure way
+        first_ids = self._ids or encode_ids
         # details objects seen lately and their JSON: events derived from one
         # (AuditEvent.derive) and events a binding built from one kept mapping share
         # their details (immutable, as the event), so the JSON is encoded once; kept with
@@ -187,13 +190,10 @@ class Sealer:
                     scope_json.clear()
                 head = scope_json[scope] = encode(scope)[1:-1]
             request = request_of(ev)
-            if ids_native is None:
+            try:
+                bids = first_ids(ev.block_ids)
+            except TypeError:
                 bids = encode_ids(ev.block_ids)
-            else:
-                try:
-                    bids = ids_native(ev.block_ids)
-                except TypeError:  # an id only the pure path writes (never an event's)
-                    bids = encode_ids(ev.block_ids)
             details = ev.details
             if not details:
                 det = "{}"
@@ -206,15 +206,17 @@ class Sealer:
                     if len(details_json) >= _DETAILS_CACHE_SIZE:
                         details_json.clear()
                     details_json[id(details)] = (details, det)
-            if link is None:
+            try:
+                h = (
+                    None
+                    if link is None
+                    else link(prev, prefix_bytes, seq, time_us, head, request, bids, det)
+                )
+            except TypeError:  # a value only the pure path writes (never an event's)
+                h = None
+            if h is None:
                 text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
                 h = sha256(prev + text.encode(charset)).digest()
-            else:
-                try:
-                    h = link(prev, prefix_bytes, seq, time_us, head, request, bids, det)
-                except TypeError:  # a value only the pure path writes (never an event's)
-                    text = f"{prefix}{seq},{time_us},{head},{encode(request)[1:-1]},{bids},{det}]"
-                    h = sha256(prev + text.encode(charset)).digest()
             # the row holds the hashes as bytearrays: the sqlite3 driver binds those
             # directly, bytes only after an adapter lookup (half a microsecond a row)
             h_row = bytearray(h)

@@ -491,10 +491,18 @@ class AuditLog:
             seq = self._next_seq
             self._next_seq = seq + 1
             self._dq.append((seq, round(self._clock() * 1_000_000), event))
-        if self._sleeping:  # the first event after an idle spell: the writer passes now
-            self._sleeping = False
-            self._wake.set()
+        if self._sleeping:
+            self._wake_from_idle()
         return seq
+
+    def _wake_from_idle(self) -> None:
+        """The first event after an idle spell (IDLE_AFTER_PASSES): the writer passes now.
+
+        Callers test ``_sleeping`` first (an attribute read on the recording path), after
+        queueing the event; see :meth:`_run` for why that order loses no wake-up.
+        """
+        self._sleeping = False
+        self._wake.set()
 
     def _give_up(self, end: float, begun: int, hang: bool) -> str | None:
         """Why a caller waiting on ``cv`` stops waiting for the writer, or None.
@@ -593,12 +601,10 @@ class AuditLog:
             except Exception:  # a bug: say so, keep writing
                 _log.exception("audit writer pass failed")
             empty = 0 if worked else empty + 1
-            if self._handed_over:  # close() returned: its spool is the next writer's
+            if self._handed_over or final:
                 self._db.release()
-                self._engine.dispose()
-                return
-            if final:
-                self._db.release()
+                if self._handed_over:  # close() returned: its spool is the next writer's
+                    self._engine.dispose()
                 return
 
     def _keep(self) -> None:

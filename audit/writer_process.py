@@ -106,9 +106,8 @@ class HandoffLog(AuditLog):
                 )
             self._next_seq = seq + 1
             self._dq.append((seq, time_us, event))
-        if self._sleeping:  # the first event after an idle spell (see AuditLog._enqueue)
-            self._sleeping = False
-            self._wake.set()
+        if self._sleeping:
+            self._wake_from_idle()
         # no back-pressure here: the engine holds every event until it is durable and
         # bounds that (queue_size), so this queue is never longer than the engine's
         if len(self._dq) >= self._batch_size and not self._wake.is_set():
