@@ -11,22 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import event
 
 from kvgov.audit import AuditLog, upgrade, verify
 from kvgov.audit.persist import HeldConnection
 from kvgov.audit.store import create_audit_engine
 
-from .conftest import sample_event
+from .conftest import sample_event, scalar
 
 
 def _count(url: str) -> int:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT count(*) FROM audit_events")).scalar_one())
-    finally:
-        engine.dispose()
+    count = scalar(url, "SELECT count(*) FROM audit_events")
+    assert isinstance(count, int)
+    return count
 
 
 def _checkouts(log: AuditLog) -> list[int]:
@@ -118,18 +115,12 @@ def test_a_connection_the_server_ended_is_replaced_without_spooling(
     with AuditLog(pg_url, "w1", spool_path=tmp_path / "s.jsonl") as log:
         log.record(sample_event(0))
         log.flush()
-        admin = create_engine(pg_url)
-        try:
-            with admin.connect() as conn:
-                ended = conn.execute(
-                    text(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
-                ).scalar_one()
-        finally:
-            admin.dispose()
-        assert ended >= 1  # the writer's held connection
+        ended = scalar(
+            pg_url,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        assert isinstance(ended, int) and ended >= 1  # the writer's held connection
         for i in range(1, 4):
             log.record(sample_event(i))
         log.flush()
