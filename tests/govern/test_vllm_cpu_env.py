@@ -70,6 +70,20 @@ def test_the_benchmark_workload_shares_system_prompts_across_tenants() -> None:
     assert len({p for _, p in work}) == 40, "every request its own question"
 
 
+def test_each_part_is_preceded_by_a_burst_that_shares_nothing_with_the_workload() -> None:
+    work = [p for _, p in bench_vllm_e2e.workload(400)]
+    bursts = [bench_vllm_e2e.rewarm(part) for part in range(bench_vllm_e2e.TURNS)]
+    for burst in bursts:  # one request a client, a tenant each
+        assert len(burst) == bench_vllm_e2e.CONCURRENCY
+        assert {t for t, _ in burst} == set(bench_vllm_e2e.TENANTS)
+    prompts = [p for burst in bursts for _, p in burst]
+    assert len(set(prompts)) == len(prompts), "no burst reuses another's prompt"
+    # no common first word with the workload: no prefix block of it is cached or reused
+    firsts = {p.split()[0] for p in work} | {s.split()[0] for s in bench_vllm_e2e.SYSTEM_PROMPTS}
+    assert not {p.split()[0] for p in prompts} & firsts
+    assert bench_vllm_e2e.rewarm(1) == bursts[1], "the same burst for the same part"
+
+
 def test_the_report_computes_rates_and_hit_rates(capsys: pytest.CaptureFixture[str]) -> None:
     results = [
         bench_vllm_e2e.Result("bank", 0.1, 100, 50, 8),
