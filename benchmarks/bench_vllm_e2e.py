@@ -322,6 +322,7 @@ def run(
         for name, _, _ in SIDES:  # warm-up, different prompts: nothing of it is reused
             clients[name].turn(warm_up)
         walls: dict[str, float] = defaultdict(float)
+        part_walls: dict[str, list[float]] = defaultdict(list)
         results: dict[str, list[Result]] = defaultdict(list)
         for j, i in turn_order(TURNS):
             name = SIDES[i][0]
@@ -329,6 +330,7 @@ def run(
                 clients[name].turn(rewarm(j))
             wall, res = clients[name].turn(chunks[j], j)
             walls[name] += wall
+            part_walls[name].append(wall)
             results[name] += res
     finally:
         for one in clients.values():
@@ -342,6 +344,15 @@ def run(
         "stock-salted: a second stock server, each tenant's requests salted with its name"
     )
     figures = {name: report(name, walls[name], results[name]) for name, _, _ in SIDES}
+    # each part's wall clock, side by side: where a side lost its throughput (the turns
+    # of one part ran back to back; a part's drift is shared)
+    print(
+        "\nwall per part (s): "
+        + "; ".join(
+            f"part {j}: " + ", ".join(f"{name} {part_walls[name][j]:.1f}" for name, _, _ in SIDES)
+            for j in range(TURNS)
+        )
+    )
     # every request's figures, for a look at the tail beyond the slowest few
     (work / "results.json").write_text(
         json.dumps({name: [asdict(r) for r in results[name]] for name in results}, indent=0)
