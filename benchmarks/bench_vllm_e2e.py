@@ -18,7 +18,7 @@ Each server keeps its clients (and their connections) from turn to turn, and eac
 turn follows an untimed burst of one request a client (prompts of their own, nothing
 reused): a server idle through the other two servers' turns stalled its first requests
 of a part by about a second, stock as governed, and those bursts, not the engines, set
-every side's p99 (``--cold-turns`` leaves the burst out, as before 2026-12-07). Figures:
+every side's p99 (``--cold-turns`` leaves the burst out; the clients are kept). Figures:
 
 * requests/s and output tokens/s (wall clock of the turns);
 * time to first token, median and p99 (the first streamed chunk);
@@ -27,8 +27,8 @@ every side's p99 (``--cold-turns`` leaves the burst out, as before 2026-12-07). 
 
 The default 2,000 requests a side (about 3 minutes a side on 2 cores) make p99 the
 20th-slowest request. A side that isolates tenants (governed, stock-salted) prefills each
-tenant's copy of each system prompt cold (6 or 7 requests slower than stock's, about
-0.6 s each), and the machine now and then stalls one burst of 3 or 4 requests on any
+tenant's copy of each system prompt cold (6 requests slower than stock's, 0.5-1 s
+each), and the machine now and then stalls one burst of 3 or 4 requests on any
 side: at 1,000 requests (p99 the 10th slowest) those two alone set an isolating side's
 p99; at 320 (the 4th) the cold prefills did, whatever the engine's steady state.
 
@@ -419,7 +419,7 @@ def main() -> int:
         "--cold-turns",
         action="store_true",
         help="no untimed burst before each part's timed turn: every turn starts on a server "
-        "idle through the other servers' turns (the benchmark before 2026-12-07)",
+        "idle through the other servers' turns (each server's clients are still kept)",
     )
     parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
