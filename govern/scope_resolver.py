@@ -13,6 +13,10 @@ tokenizer, revision    the engine's model config (``tokenizer``,
                        overrides it)
 adapter, revision      the request's ``lora_request``: its name, and its path
                        (digested when longer than a scope field may be)
+public prefix          ``extra_args["kvgov_public_prefix_tokens"]`` (vLLM only,
+                       :meth:`ScopeResolver.resolve_request`): the first N prompt
+                       tokens are public, keyed under the scope with classification
+                       ``public``; signed by a ``v2`` token
 =====================  ========================================================
 
 ``extra_args`` is the mapping the engine hands over: vLLM's ``extra_args`` (the OpenAI
@@ -37,13 +41,14 @@ from kvgov.defaults import MAX_SCOPE_FIELD_CHARS, MAX_SCOPES, UNVERSIONED
 from kvgov.exceptions import BindingConfigError, InvalidScope, ScopeTokenError
 
 from .scope import CacheScope, check_scope_field
-from .scope_token import ScopeTokenVerifier
+from .scope_token import PUBLIC_PREFIX_FIELD, ScopeTokenVerifier, check_public_prefix
 
 if TYPE_CHECKING:
     from .vllm.settings import BindingSettings
 
 __all__ = [
     "CLASSIFICATION_KEY",
+    "PUBLIC_PREFIX_KEY",
     "SCOPE_KEYS",
     "TEMPLATE_KEY",
     "TENANT_KEY",
@@ -61,8 +66,10 @@ CLASSIFICATION_KEY = "kvgov_classification"
 TEMPLATE_KEY = "kvgov_template"
 #: ``extra_args`` key of the front end's signed scope token.
 TOKEN_KEY = "kvgov_scope_token"
+#: ``extra_args`` key of the public prefix's token count (signed by a ``v2`` token).
+PUBLIC_PREFIX_KEY = PUBLIC_PREFIX_FIELD
 #: Every ``extra_args`` key the binding reads; a front end strips all of them from clients.
-SCOPE_KEYS = (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY, TOKEN_KEY)
+SCOPE_KEYS = (TENANT_KEY, CLASSIFICATION_KEY, TEMPLATE_KEY, TOKEN_KEY, PUBLIC_PREFIX_KEY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +183,27 @@ class ScopeResolver:
         return cls(settings, engine, verifier)
 
     def resolve(self, extra_args: Mapping[str, object] | None, adapter: object) -> CacheScope:
-        """The scope of one request.
+        """The scope of one request, for a binding that offers no public prefixes.
+
+        As :meth:`resolve_request`, and a request that declares a public prefix is
+        refused (its system prompt would otherwise be kept as its own, silently).
+
+        Raises:
+            InvalidScope: as :meth:`resolve_request`, or the request carries a
+                non-zero ``kvgov_public_prefix_tokens``.
+            ScopeTokenError: as :meth:`resolve_request`.
+        """
+        scope, prefix = self.resolve_request(extra_args, adapter)
+        if prefix:
+            raise InvalidScope(
+                PUBLIC_PREFIX_KEY, prefix, "this engine's binding offers no public prefixes"
+            )
+        return scope
+
+    def resolve_request(
+        self, extra_args: Mapping[str, object] | None, adapter: object
+    ) -> tuple[CacheScope, int]:
+        """The scope of one request, and how many of its leading tokens are public.
 
         Args:
             extra_args: the request's ``sampling_params.extra_args`` (or None).
@@ -184,21 +211,22 @@ class ScopeResolver:
                 ``lora_path``), or None for the base model.
 
         Returns:
-            The scope.
+            The scope, and the public prefix's tokens (0: none).
 
         Raises:
             InvalidScope: ``extra_args`` is not a mapping, a field is missing with no
                 default, or is not a valid scope field
                 (:func:`~kvgov.govern.scope.check_scope_field`: not a string, empty, too
-                long, a NUL, a lone surrogate, a non-printable character).
+                long, a NUL, a lone surrogate, a non-printable character), or the
+                public prefix is not an int in ``0..2**32-1``.
             ScopeTokenError: the request carries no token while ``require_scope_token``
                 is on (whether its fields came from ``extra_args`` or the defaults), or
-                its token is expired, malformed or forged, or it carries a token and the
-                engine has no key.
+                its token is expired, malformed or forged (or does not sign its public
+                prefix), or it carries a token and the engine has no key.
         """
         if extra_args is None:
             if adapter is None and self._unscoped is not None:
-                return self._unscoped  # nothing to read: the defaults' scope, as below
+                return self._unscoped, 0  # nothing to read: the defaults' scope, as below
             xa: Mapping[str, object] = {}
         elif isinstance(extra_args, Mapping):
             xa = extra_args
@@ -221,6 +249,8 @@ class ScopeResolver:
                 value = default
             fields.append(check_scope_field(name, value))
         tenant, classification, template = fields
+        prefix = xa.get(PUBLIC_PREFIX_KEY)
+        prefix = 0 if prefix is None else check_public_prefix(prefix)
         token = xa.get(TOKEN_KEY)
         # required: every request, a defaulted scope too (the token then signs the defaults)
         if token is not None or self._require:
@@ -230,7 +260,11 @@ class ScopeResolver:
                     "key (set KVGOV_SCOPE_TOKEN_KEY or scope_token_key_file)"
                 )
             self._verifier.verify(
-                token, tenant=tenant, classification=classification, template_version=template
+                token,
+                tenant=tenant,
+                classification=classification,
+                template_version=template,
+                public_prefix_tokens=prefix,
             )
         lora = None
         if adapter is not None:
@@ -258,7 +292,7 @@ class ScopeResolver:
             self._scopes[key] = scope
         if extra_args is None and adapter is None and not self._require:
             self._unscoped = scope
-        return scope
+        return scope, prefix
 
 
 def _passes(name: str, value: object) -> bool:

@@ -68,8 +68,10 @@ def _resolver(clock: FakeClock, *, require: bool = False, defaults: bool = False
     return ScopeResolver(settings, ENGINE, ScopeTokenVerifier(KEY, clock=clock))
 
 
-def _token(clock: FakeClock, ttl: int = 60, **fields: str) -> str:
-    return sign_scope_token(KEY, **{**FIELDS, **fields}, expires_at=int(clock()) + ttl)
+def _token(clock: FakeClock, ttl: int = 60, prefix: int = 0, **fields: str) -> str:
+    return sign_scope_token(
+        KEY, **{**FIELDS, **fields}, expires_at=int(clock()) + ttl, public_prefix_tokens=prefix
+    )
 
 
 # ------------------------------------------------------------------ the token's one spelling
@@ -175,6 +177,26 @@ def test_require_scope_token_covers_the_defaulted_scope(xargs: Any) -> None:
         resolver.resolve({**(xargs or {}), "kvgov_scope_token": _token(clock)}, None)
 
 
+def test_a_public_prefix_resolves_only_under_a_token_that_signs_it() -> None:
+    """resolve_request returns the prefix a v2 token signs; the same request with a v1
+    token (a client adding a prefix to a signed request) is refused; resolve(), for a
+    binding without public prefixes (SGLang), refuses any prefix instead of ignoring it."""
+    clock = FakeClock()
+    resolver = _resolver(clock, require=True)
+    xargs = {**XARGS, "kvgov_public_prefix_tokens": 64}
+    scope, prefix = resolver.resolve_request(
+        {**xargs, "kvgov_scope_token": _token(clock, prefix=64)}, None
+    )
+    assert (scope.tenant, prefix) == ("acme", 64)
+    with pytest.raises(ScopeTokenError, match="needs a v2 scope token"):
+        resolver.resolve_request({**xargs, "kvgov_scope_token": _token(clock)}, None)
+    with pytest.raises(InvalidScope, match="offers no public prefixes"):
+        resolver.resolve({**xargs, "kvgov_scope_token": _token(clock, prefix=64)}, None)
+    unsigned = _resolver(clock)  # no token required: a trusted front end's plain fields
+    assert unsigned.resolve_request(xargs, None)[1] == 64
+    assert unsigned.resolve_request(XARGS, None)[1] == 0
+
+
 def test_without_require_a_defaulted_scope_needs_no_token() -> None:
     """require_scope_token off: the defaults admit an unscoped request unsigned (as documented)."""
     scope = _resolver(FakeClock(), defaults=True).resolve(None, None)
@@ -214,6 +236,7 @@ SCOPE_ARGS = st.fixed_dictionaries(
         "kvgov_classification": JSON | st.just("internal"),
         "kvgov_template": JSON | st.just("sys-v3"),
         "kvgov_scope_token": JSON | st.just("sign"),
+        "kvgov_public_prefix_tokens": JSON | st.integers(0, 300),
     },
 )
 
@@ -233,13 +256,21 @@ def test_any_extra_args_resolve_or_are_refused(xargs: Any, require: bool, defaul
                     tenant=signed["tenant"],
                     classification=signed["classification"],
                     template_version=signed["template"],
+                    prefix=xargs.get("kvgov_public_prefix_tokens") or 0,
                 )
+    resolver = _resolver(clock, require=require, defaults=defaults)
     try:
-        scope = _resolver(clock, require=require, defaults=defaults).resolve(xargs, None)
+        scope, prefix = resolver.resolve_request(xargs, None)
     except (InvalidScope, ScopeTokenError) as exc:
         assert str(exc).isprintable()
         return
     assert isinstance(scope, CacheScope)
+    assert type(prefix) is int and prefix >= 0
+    if prefix:  # a binding without public prefixes refuses it
+        with pytest.raises(InvalidScope, match="offers no public prefixes"):
+            resolver.resolve(xargs, None)
+    else:
+        assert resolver.resolve(xargs, None) == scope
     if require:
         assert isinstance(xargs, dict)
         assert isinstance(xargs.get("kvgov_scope_token"), str)
@@ -248,6 +279,7 @@ def test_any_extra_args_resolve_or_are_refused(xargs: Any, require: bool, defaul
             tenant=scope.tenant,
             classification=scope.classification,
             template_version=scope.template_version,
+            public_prefix_tokens=prefix,
         )
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from kvgov.exceptions import BindingConfigError, ScopeTokenError
+from kvgov.exceptions import BindingConfigError, InvalidScope, ScopeTokenError
 from kvgov.govern.scope_token import (
+    MAX_PUBLIC_PREFIX_TOKENS,
     ScopeTokenVerifier,
+    check_public_prefix,
     scope_token_message,
     sign_scope_token,
 )
@@ -109,3 +111,57 @@ def test_max_ttl_must_be_a_positive_number(ttl: Any) -> None:
 def test_the_key_never_shows_in_a_repr() -> None:
     """Logs and tracebacks do not reveal the key."""
     assert "front-end-key" not in repr(ScopeTokenVerifier(KEY))
+
+
+def test_a_v2_message_signs_the_public_prefix_as_a_u32_before_the_expiry() -> None:
+    """A token with a public prefix: the documented v2 layout, spelled ``v2``."""
+
+    def field(v: str) -> bytes:
+        raw = v.encode()
+        return b"\x01" + len(raw).to_bytes(4, "big") + raw
+
+    expected = (
+        b"kvgov.scope-token.v2\x00"
+        + field("acme")
+        + field("internal")
+        + field("sys-v3")
+        + (64).to_bytes(4, "big")
+        + (1_700_000_060).to_bytes(8, "big")
+    )
+    message = scope_token_message(**FIELDS, expires_at=1_700_000_060, public_prefix_tokens=64)
+    assert message == expected
+    token = sign_scope_token(KEY, **FIELDS, expires_at=1_700_000_060, public_prefix_tokens=64)
+    assert token == "v2.1700000060." + hmac.digest(KEY, expected, hashlib.sha256).hex()
+
+
+@pytest.mark.parametrize(
+    ("signed", "sent", "why"),
+    [
+        (64, 64, None),
+        (0, 0, None),
+        (0, 64, "needs a v2 scope token"),  # a client declaring its prompt public
+        (64, 0, "needs a v1 token"),  # the prefix dropped from a signed request
+        (64, 128, "does not match"),  # a longer prefix than the front end signed
+    ],
+)
+def test_a_public_prefix_verifies_only_as_signed(signed: int, sent: int, why: str | None) -> None:
+    clock = FakeClock()
+    token = _sign(clock, public_prefix_tokens=signed)
+    verifier = ScopeTokenVerifier(KEY, clock=clock)
+    if why is None:
+        verifier.verify(token, **FIELDS, public_prefix_tokens=sent)
+        return
+    with pytest.raises(ScopeTokenError, match=why):
+        verifier.verify(token, **FIELDS, public_prefix_tokens=sent)
+
+
+@pytest.mark.parametrize("value", [-1, 2**32, True, "64", 6.4, None])
+def test_a_malformed_public_prefix_is_refused_on_both_sides(value: Any) -> None:
+    clock = FakeClock()
+    with pytest.raises(InvalidScope, match="kvgov_public_prefix_tokens"):
+        _sign(clock, public_prefix_tokens=value)
+    with pytest.raises(InvalidScope, match="kvgov_public_prefix_tokens"):
+        ScopeTokenVerifier(KEY, clock=clock).verify(
+            _sign(clock), **FIELDS, public_prefix_tokens=value
+        )
+    assert check_public_prefix(MAX_PUBLIC_PREFIX_TOKENS) == 2**32 - 1
