@@ -60,7 +60,7 @@ class Driver:
             self.queue = pool.kvgov_governed
         self.current: tuple[str, int] = ("", 50)
 
-    def _keyed(self, request: Any, ids: list[int]) -> None:
+    def _keyed(self, request: Any, ids: list[int], first: int = 0) -> None:
         """The binding's hook (VllmGovernance._keyed, without retention)."""
         tenant, priority = self.current
         queue = self.queue

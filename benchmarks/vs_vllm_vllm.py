@@ -81,7 +81,7 @@ class _PolicyPool:
             quotas = {f"t{t}": quota for t in range(POLICY_TENANTS)}
             pool.kvgov_set_quotas(check_quotas(quotas, NUM_BLOCKS + 1))
 
-    def _keyed(self, request: Any, ids: list[int]) -> None:
+    def _keyed(self, request: Any, ids: list[int], first: int = 0) -> None:
         """The binding's keyed hook (VllmGovernance._keyed, without retention)."""
         pool = self.pool
         queue = pool.kvgov_governed

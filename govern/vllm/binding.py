@@ -9,7 +9,8 @@ here at each point of a request's life::
     schedule()         sweep_due  retention: evict what expired (cheap when nothing is due)
       lookup           judge_hit  a hit on another tenant's blocks (share group) is
                                   judged by the sharing policy and cut where refused
-      allocate_slots   allocated  owners of new blocks; ADMISSION (first time), REUSE /
+      allocate_slots   allocated  owners of new blocks (a public prefix's: the public
+                                  scope's); ADMISSION (first time), REUSE /
                                   CROSS_TENANT_REUSE from the hit vLLM committed (a first
                                   hit on its own scope's blocks: in the ADMISSION event)
       vLLM caches      (pool)     retention of newly cached blocks (_keyed)
@@ -28,14 +29,16 @@ with ``kvgov_priority``; the policy caps it), its tenant's priority duration and
 floor and cap order vLLM's free queue (:mod:`.free_queue`); the default policy
 leaves vLLM's LRU order as it is.
 
-Limits (see docs/vllm.md): a request reads one namespace, the one it publishes
-in (vLLM keeps one hash chain per request), so a share group's readers that do
-not publish there find nothing.
+Limits (see docs/vllm.md): a request reads only the namespaces it publishes in
+(vLLM keeps one hash chain per request: its public prefix's, then its own), so a
+share group's readers that do not publish there find nothing; a public prefix
+needs one KV cache group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,6 +65,7 @@ from kvgov.exceptions import (
 from .. import sharing
 from ..assemble import open_parts
 from ..governor import Governor
+from ..plan import PUBLIC
 from ..refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
@@ -101,6 +105,7 @@ class VllmGovernance:
         resolver: request -> scope.
         block_size: tokens per block (vLLM's block size, equal to its hash block size).
         lookahead: tokens after each block its hash covers (EAGLE/MTP lookahead hashing).
+        groups: vLLM's KV cache groups (a public prefix needs one).
     """
 
     #: The event layout (see the class docstring).
@@ -114,9 +119,11 @@ class VllmGovernance:
         resolver: ScopeResolver,
         block_size: int,
         lookahead: int = 0,
+        groups: int = 1,
     ) -> None:
         self.gov = governor
         self.lookahead = lookahead
+        self.groups = groups
         self.pool = pool
         self.resolver = resolver
         self.block_size = block_size
@@ -187,6 +194,7 @@ class VllmGovernance:
                 resolver=resolver,
                 block_size=block_size,
                 lookahead=fence.hash_lookahead_tokens(vllm_config),
+                groups=len(kv_cache_config.kv_cache_groups),
             )
         except BaseException:
             parts.close()
@@ -256,7 +264,7 @@ class VllmGovernance:
         gov = self.gov
         try:
             gov.check_open()
-            scope = self.resolver.resolve(extra_args, request.lora_request)
+            scope, prefix_tokens = self.resolver.resolve_request(extra_args, request.lora_request)
         except (InvalidScope, ScopeTokenError, PoolClosed) as exc:
             return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
         hint = extra_args.get(PRIORITY_KEY) if extra_args else None
@@ -266,12 +274,22 @@ class VllmGovernance:
                 f"got {str(hint)[:64]!r}"
             )
             return refuse(gov.ledger, gov.audit, seq_id, num_tokens, problem, extra_args)
+        why = self._prefix_problem(prefix_tokens, num_tokens)
+        if why is not None:
+            return refuse(gov.ledger, gov.audit, seq_id, num_tokens, why, extra_args)
         try:
             gov.check_not_purging(scope.tenant)
             view = gov.admission_view(scope, seq_id, num_tokens)
             adm = gov.decide(view, seq_id, num_tokens, hint)
             # namespaces and retention only: the hasher derives the keys (with extra keys)
             plan = gov.plan(view, b"", bool(adm.cache), 0)
+            prefix = None
+            blocks = min(prefix_tokens, num_tokens) // self.block_size
+            if blocks and plan.cacheable:  # the prefix's namespaces and retention
+                pview = gov.ledger.views.view(dataclasses.replace(scope, classification=PUBLIC))
+                pplan = gov.plan(pview, b"", True, 0)
+                if pplan.cacheable:  # else, as kvgov's own cache: all under the scope
+                    prefix = (pview, pplan, blocks)
         except PolicyDenied as exc:  # audited by the governor
             return f"kvgov: {exc}"
         except (InvalidScope, TenantPurging) as exc:
@@ -289,6 +307,7 @@ class VllmGovernance:
             has_extra=has_extra_keys(request),
             lookahead=self.lookahead,
             requested_priority=hint,
+            prefix=prefix,
         )
         fence.set_governance(request, state)
         if fence.block_hasher(request) is not None:  # None: prefix caching is off, nothing hashed
@@ -300,6 +319,22 @@ class VllmGovernance:
                 request.block_hashes.clear()
                 state.cacheable = False
                 return refuse(gov.ledger, gov.audit, seq_id, num_tokens, str(exc), extra_args)
+        return None
+
+    def _prefix_problem(self, prefix_tokens: int, num_tokens: int) -> str | None:
+        """Why a request's public prefix cannot be honoured (None: it can, or it has none)."""
+        if not prefix_tokens:
+            return None
+        if prefix_tokens > num_tokens:
+            return (
+                f"kvgov_public_prefix_tokens ({prefix_tokens}) is longer than the prompt "
+                f"({num_tokens} tokens)"
+            )
+        if self.groups != 1:
+            return (
+                "kvgov_public_prefix_tokens needs a model with one KV cache group; this "
+                f"engine has {self.groups} (hybrid or sliding-window attention)"
+            )
         return None
 
     # ------------------------------------------------------------------ lookup and commit
@@ -336,6 +371,8 @@ class VllmGovernance:
             state.view,
             [block_id for _, block_id in found],
             state.seq_id,
+            state.prefix_view,
+            state.prefix_blocks,
         )
         state.granted = verdict.granted
         if verdict.keep >= len(found):
@@ -349,6 +386,7 @@ class VllmGovernance:
         hit_blocks: Sequence[Any],
         *,
         hit_tokens: int | None = None,
+        public_ids: Sequence[int] = (),
     ) -> None:
         """vLLM gave the request ``new_blocks`` and committed the hit ``hit_blocks``.
 
@@ -363,6 +401,8 @@ class VllmGovernance:
             hit_blocks: the hit blocks committed, of every KV cache group.
             hit_tokens: the tokens the hit covers (default: one block's tokens per
                 hit block, right for a single group).
+            public_ids: the blocks at the request's public prefix positions: those of
+                them just handed out are owned by the public scope.
         """
         state: RequestGovernance | None = fence.governance_of(request)
         if state is None:
@@ -373,6 +413,11 @@ class VllmGovernance:
         new_ids = [b.block_id for b in new_blocks] if new_blocks else []
         if new_ids:
             gov.ledger.owners.assign(new_ids, state.view.scope)
+            if public_ids and state.prefix_view is not None:
+                public = set(public_ids)
+                gov.ledger.owners.assign(
+                    [i for i in new_ids if i in public], state.prefix_view.scope
+                )
         hit_ids = [b.block_id for b in hit_blocks] if hit_blocks else []
         if not state.admitted:
             state.admitted = True
@@ -410,17 +455,28 @@ class VllmGovernance:
                 state.granted,
             )
 
-    def _keyed(self, request: Any, block_ids: list[int]) -> None:
-        """vLLM cached the request's full blocks: give them the request's retention, and
-        its eviction priority, duration and quota group (its tenant's)."""
+    def _keyed(self, request: Any, block_ids: list[int], first: int = 0) -> None:
+        """vLLM cached the request's full blocks (``first``: the position of the first):
+        give them the request's retention, and its eviction priority, duration and quota
+        group (its tenant's). Blocks of a public prefix take the public scope as their
+        owner and its retention."""
         state: RequestGovernance | None = fence.governance_of(request)
         queue = self.pool.kvgov_governed
         if state is None:
             if queue is not None:
                 queue.kvgov_keyed(block_ids, DEFAULT_PRIORITY, 0, None)
             return
-        if state.plan.ttl is not None:
-            self.gov.ledger.deadlines.keyed(block_ids, state.plan.ttl)
+        rest = block_ids
+        if first < state.prefix_blocks and state.prefix_view is not None:
+            public, rest = (
+                block_ids[: state.prefix_blocks - first],
+                block_ids[state.prefix_blocks - first :],
+            )
+            self.gov.ledger.owners.assign(public, state.prefix_view.scope)
+            if state.prefix_ttl is not None:
+                self.gov.ledger.deadlines.keyed(public, state.prefix_ttl)
+        if state.plan.ttl is not None and rest:
+            self.gov.ledger.deadlines.keyed(rest, state.plan.ttl)
         priority = state.adm.priority
         if queue is None:
             if priority == DEFAULT_PRIORITY:

@@ -120,5 +120,11 @@ class GovernedKVCacheManager(KVCacheManager):
                     )
             state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
-                binding.allocated(request, new, hit, hit_tokens=num_new_computed_tokens)
+                public: list[int] = []
+                if state.prefix_blocks and new:  # the public prefix's blocks (one group)
+                    held = self.get_blocks(request.request_id).blocks[0]
+                    public = [b.block_id for b in held[: state.prefix_blocks]]
+                binding.allocated(
+                    request, new, hit, hit_tokens=num_new_computed_tokens, public_ids=public
+                )
         return result

@@ -67,8 +67,9 @@ from .free_queue import GovernedFreeQueue
 
 __all__ = ["GovernedBlockPool", "KeyedHook", "MovedHook", "VllmPoolAdapter"]
 
-#: Called with (request, block ids) when vLLM caches a request's full blocks.
-KeyedHook = Callable[[Any, list[int]], None]
+#: Called with (request, block ids, the first one's position) when vLLM caches a
+#: request's full blocks.
+KeyedHook = Callable[[Any, list[int], int], None]
 #: Called with (source id, destination id) when vLLM moves a cached entry (copy-on-write).
 MovedHook = Callable[[int, int], None]
 
@@ -234,7 +235,7 @@ class GovernedBlockPool(BlockPool):
         if num_full_blocks > num_cached_blocks:
             ids = fence.hashed_block_ids(blocks[num_cached_blocks:num_full_blocks])
             if ids and self.kvgov_keyed is not None:
-                self.kvgov_keyed(request, ids)
+                self.kvgov_keyed(request, ids, num_cached_blocks)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = ordered_blocks if isinstance(ordered_blocks, list) else list(ordered_blocks)
@@ -315,7 +316,8 @@ class GovernedBlockPool(BlockPool):
             request, block, num_tokens, kv_cache_group_id, block_size, *args, **kwargs
         )
         if key is not None and self.kvgov_keyed is not None and not block.is_null:
-            self.kvgov_keyed(request, [block.block_id])
+            # its position: the full blocks before it (past any public prefix)
+            self.kvgov_keyed(request, [block.block_id], num_tokens // block_size)
         return key
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:

@@ -39,6 +39,10 @@ class RequestGovernance:
         "lookahead",
         "num_tokens",
         "plan",
+        "prefix_blocks",
+        "prefix_root",
+        "prefix_ttl",
+        "prefix_view",
         "requested_priority",
         "root",
         "seq_id",
@@ -59,6 +63,7 @@ class RequestGovernance:
         has_extra: bool,
         lookahead: int = 0,
         requested_priority: int | None = None,
+        prefix: tuple[ScopeView, KeyPlan, int] | None = None,
     ) -> None:
         self.seq_id = seq_id  # vLLM's request id
         self.num_tokens = num_tokens  # prompt tokens at admission
@@ -70,7 +75,16 @@ class RequestGovernance:
         self.has_extra = has_extra  # LoRA, salt, multimodal or embeddings: extra keys per block
         self.lookahead = lookahead  # tokens after each block its key covers (EAGLE/MTP), or 0
         self.root = plan.root  # the publish namespace: the only one a request reads (one chain)
-        self.shared = plan.root != view.own_root  # publishes in a share group: hits are judged
+        # a public prefix (``prefix``: its scope's view and plan, and its blocks): its first
+        # blocks are keyed under the view (classification public) from that plan's root, the
+        # rest from continuation_root(root, the prefix's last key); no prefix: 0 blocks
+        pview, pplan, pblocks = prefix if prefix is not None else (None, None, 0)
+        self.prefix_view: ScopeView | None = pview
+        self.prefix_root = pplan.root if pplan is not None else plan.root
+        self.prefix_ttl = pplan.ttl if pplan is not None else None
+        self.prefix_blocks = pblocks
+        # publishes (the whole or its prefix) in a share group: hits are judged
+        self.shared = plan.root != view.own_root or self.prefix_root != view.own_root
         self.cacheable = plan.cacheable  # admission said cache; purge/invalidate/rotate clear it
         self.admitted = False  # its admission event is written (at its first allocation)
         self.granted: dict[Any, Any] = {}  # the sharing decisions of its last judged lookup

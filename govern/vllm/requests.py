@@ -11,6 +11,12 @@ each block (LoRA, cache salt, multimodal items, prompt embeddings) appended::
                                                || tokens_i || ExtraKeys_i)
     parent = NamespaceRoot (block 0) or block_hashes[i - 1]
 
+A request with a public prefix (``kvgov_public_prefix_tokens``, signed by the front end)
+keys its first P full blocks under the public scope (its classification ``public``)
+from the namespace that scope publishes in, and block P on from
+``continuation_root(NamespaceRoot, block_hashes[P - 1])`` under its own scope, as
+kvgov's own cache does (:mod:`kvgov.govern.plan`).
+
 so equal prompts in different scopes never share a hash, and a block without
 extra keys hashes exactly as in kvgov's own cache. With lookahead hashing (vLLM
 0.33's EAGLE/MTP drafters: ``num_hash_lookahead_tokens`` L > 0) a block is keyed
@@ -25,8 +31,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..keys import CacheKey, encode_extra_keys, pack_tokens
+from kvgov.exceptions import InternalError
+
+from ..keys import CacheKey, ScopeDigest, continuation_root, encode_extra_keys, pack_tokens
 from . import fence
+from .request_state import RequestGovernance
 
 __all__ = ["deferred_block_hasher", "governed_block_hasher", "has_extra_keys"]
 
@@ -44,6 +53,11 @@ def has_extra_keys(request: Any) -> bool:
 def governed_block_hasher(request: Any) -> list[CacheKey]:
     """vLLM's hasher contract: the hashes of the request's full blocks not hashed yet.
 
+    A request with a public prefix (:attr:`RequestGovernance.prefix_blocks` > 0) keys
+    its first blocks under the public scope's digest from the prefix's root, and
+    the rest from ``continuation_root(root, <the prefix's last key>)`` under its own
+    scope's (the layout of :mod:`kvgov.govern.plan`).
+
     Args:
         request: a vLLM ``Request`` the binding admitted (its governance set).
 
@@ -56,15 +70,44 @@ def governed_block_hasher(request: Any) -> list[CacheKey]:
         return []
     bs = state.block_size
     hashes = request.block_hashes
-    start = len(hashes) * bs
-    ahead = state.lookahead
-    count = (request.num_tokens - ahead - start) // bs
+    done = len(hashes)
+    count = (request.num_tokens - state.lookahead - done * bs) // bs
     if count <= 0:
         return []
-    parent = hashes[-1] if hashes else state.root
+    prefix = state.prefix_blocks
+    if done >= prefix:  # past the public prefix (or none): one chain in the scope's digest
+        if not hashes:
+            parent = state.root
+        elif done == prefix:
+            parent = continuation_root(state.root, hashes[-1])
+        else:
+            parent = hashes[-1]
+        return _derive(request, state, parent, done, count, state.view.digest)
+    if state.prefix_view is None:  # a prefix always has its view (RequestGovernance)
+        raise InternalError("a public prefix without its scope")
+    first = min(count, prefix - done)
+    parent = hashes[-1] if hashes else state.prefix_root
+    keys = _derive(request, state, parent, done, first, state.prefix_view.digest)
+    if count > first:
+        parent = continuation_root(state.root, keys[-1])
+        keys += _derive(request, state, parent, prefix, count - first, state.view.digest)
+    return keys
+
+
+def _derive(
+    request: Any,
+    state: RequestGovernance,
+    parent: bytes,
+    block: int,
+    count: int,
+    digest: ScopeDigest,
+) -> list[CacheKey]:
+    """The keys of ``count`` full blocks from block ``block``, chained from ``parent``."""
+    bs = state.block_size
+    start = block * bs
     tokens = request.all_token_ids
     packed = pack_tokens(tokens[start : start + count * bs])
-    digest = state.view.digest
+    ahead = state.lookahead
     if not state.has_extra and not ahead:
         return state.deriver.derive_chain(parent, packed, digest, bs, count)
     extras = []

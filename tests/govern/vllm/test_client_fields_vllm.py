@@ -111,7 +111,7 @@ def test_an_unexpected_error_refuses_and_audits(vllm: Any, monkeypatch: pytest.M
     def boom(*args: Any) -> Any:
         raise RuntimeError("internal detail \ud800")
 
-    monkeypatch.setattr(type(sched.kvgov.resolver), "resolve", boom)
+    monkeypatch.setattr(type(sched.kvgov.resolver), "resolve_request", boom)
     out, event = _refused(vllm, sched, vllm.request("x", PROMPT))
     assert "RuntimeError" in out.stop_reason and "internal detail" not in out.stop_reason
     assert event.details["path"] == "kvgov.vllm/error"

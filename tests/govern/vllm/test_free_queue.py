@@ -88,7 +88,7 @@ def test_the_governed_queue_evicts_what_kvgovs_own_pool_would(quotas: str, seed:
     mirror = Mirror(QUOTAS[quotas])
     pending: dict[int, tuple[str, int]] = {}  # request -> tenant, priority (read by the hook)
 
-    def keyed(request: Any, ids: list[int]) -> None:
+    def keyed(request: Any, ids: list[int], first: int) -> None:
         tenant, priority = pending[request.kvgov_id]
         queue.kvgov_keyed(ids, priority, queue.kvgov_group(tenant), None)
 
@@ -158,7 +158,7 @@ def test_a_list_that_empties_and_refills_again_and_again_keeps_one_current_heap_
     queue = pool.kvgov_queue()
     pool.kvgov_set_quotas(check_quotas({"a": Quota(cap=40), "b": Quota(floor=2)}, N))
     pending: dict[int, str] = {}
-    pool.kvgov_keyed = lambda request, ids: queue.kvgov_keyed(
+    pool.kvgov_keyed = lambda request, ids, first: queue.kvgov_keyed(
         ids, 10, queue.kvgov_group(pending[request.kvgov_id]), None
     )
 
