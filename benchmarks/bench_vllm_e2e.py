@@ -12,7 +12,8 @@ third server, ``stock-salted``, is stock too, and each tenant's requests to it c
 tenant's name as vLLM's ``cache_salt``: stock vLLM's own per-tenant prefix isolation, so
 its tail has the cold prefills governed's isolation causes and none of kvgov's work (the
 reference that separates the two). The workload runs in four parts, each through the
-three servers in turn, rotating which goes first (the machine's drift is shared; no
+three servers in turn, every side in every place of a part equally often (six parts: the
+machine's drift is shared; no
 server runs two turns back to back), and the figures are summed over the parts of a side.
 Each server keeps its clients (and their connections) from turn to turn, and each timed
 turn follows an untimed burst of one request a client (prompts of their own, nothing
@@ -70,12 +71,34 @@ from vllm_cpu_env import (
 
 TENANTS = ("bank", "clinic", "insurer", "retailer")
 SYSTEM_PROMPTS = [prompt(f"system {i}", 128) for i in range(2)]  # shared by every tenant
+_SYSTEM_STARTS = tuple(SYSTEM_PROMPTS)
+#: ``--sharing prefix``: the public prefix a request's token signs, the system prompt's
+#: whole blocks (128 tokens: with or without a BOS token, all of them system prompt)
+SYSTEM_PROMPT_BLOCKS_TOKENS = 128
 OUTPUT_TOKENS = 8
 CONCURRENCY = 4
-TURNS = 4  # the workload in 4 parts, each through every side, rotating which goes first
+TURNS = 6  # the workload in 6 parts, each through every side, every side in every place twice
 #: the sides, one server each: name, governed, whether a tenant's requests carry its name
 #: as cache_salt
 SIDES = (("stock", False, False), ("governed", True, False), ("stock-salted", False, True))
+#: ``--sharing group|prefix``: the governed side's policy data, every tenant publishing
+#: ``public`` blocks in one share group
+SHARING_NOTES = {
+    "none": "",
+    "prefix": "; governed: each request's system prompt a signed public prefix (128 tokens), "
+    "every tenant publishing it in one share group (--sharing prefix)",
+    "group": "; governed: every tenant publishes in one share group, its requests classified "
+    "public (--sharing group)",
+}
+SHARE_GROUP = {
+    "kvgov": {
+        "config": {
+            "share_groups": {
+                "prompts": {"publishers": list(TENANTS), "classifications": ["public"]}
+            }
+        }
+    }
+}
 
 
 @dataclass
@@ -101,18 +124,31 @@ def workload(n: int) -> list[tuple[str, str]]:
     ]
 
 
-def _one(client: Any, tenant: str, text: str, token_key: bytes, salted: bool = False) -> Result:
+def _one(
+    client: Any,
+    tenant: str,
+    text: str,
+    token_key: bytes,
+    salted: bool = False,
+    classification: str = "internal",
+    public_prefix: int = 0,
+) -> Result:
     from kvgov.govern.vllm import sign_scope_token
 
-    fields = {"tenant": tenant, "classification": "internal", "template_version": "sys-v1"}
+    fields = {"tenant": tenant, "classification": classification, "template_version": "sys-v1"}
     xargs = {
         "kvgov_tenant": tenant,
-        "kvgov_classification": "internal",
+        "kvgov_classification": classification,
         "kvgov_template": "sys-v1",
         "kvgov_scope_token": sign_scope_token(
-            token_key, **fields, expires_at=int(time.time()) + 120
+            token_key,
+            **fields,
+            expires_at=int(time.time()) + 120,
+            public_prefix_tokens=public_prefix,
         ),
     }
+    if public_prefix:
+        xargs["kvgov_public_prefix_tokens"] = public_prefix
     body: dict[str, Any] = {"vllm_xargs": xargs, "ignore_eos": True}
     if salted:  # stock vLLM's per-tenant isolation: no block hash is shared across salts
         body["cache_salt"] = tenant
@@ -150,14 +186,24 @@ class Clients:
     serving front end's would.
 
     ``salted``: each request carries its tenant's name as ``cache_salt``.
+    ``classification``: the one its scope token signs; ``public_prefix``: the public
+    prefix it signs for a request that starts with a system prompt (0: none).
     """
 
     def __init__(
-        self, server: Server, token_key: bytes, concurrency: int = CONCURRENCY, salted: bool = False
+        self,
+        server: Server,
+        token_key: bytes,
+        concurrency: int = CONCURRENCY,
+        salted: bool = False,
+        classification: str = "internal",
+        public_prefix: int = 0,
     ) -> None:
         self.server = server
         self.token_key = token_key
         self.salted = salted
+        self.classification = classification
+        self.public_prefix = public_prefix
         self.pool = ThreadPoolExecutor(concurrency)
         self.local = threading.local()
 
@@ -167,7 +213,16 @@ class Clients:
             from openai import OpenAI
 
             local.client = OpenAI(base_url=self.server.base_url, api_key="none", max_retries=0)
-        return _one(local.client, item[0], item[1], self.token_key, self.salted)
+        return _one(
+            local.client,
+            item[0],
+            item[1],
+            self.token_key,
+            self.salted,
+            self.classification,
+            # the warm-up's and the bursts' prompts have no system prompt to declare
+            self.public_prefix if item[1].startswith(_SYSTEM_STARTS) else 0,
+        )
 
     def turn(self, requests: list[tuple[str, str]], part: int = -1) -> tuple[float, list[Result]]:
         """Send ``requests`` from every client at once; (wall seconds, results in order)."""
@@ -245,11 +300,18 @@ def report(name: str, wall: float, results: list[Result]) -> dict[str, float]:
     return figures
 
 
+#: The order of the sides in each part: the six orders of three, so that over six parts
+#: each side runs first, second and third twice each, and the last side of a part is
+#: never the first of the next (nor the sixth's the first's). With four parts rotating
+#: who went first, stock held the first place twice and the third once, and the places
+#: differed (2026-12-07, one run: 76, 81 and 83 s a part on average, first to third).
+ORDERS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
+
+
 def turn_order(parts: int) -> list[tuple[int, int]]:
     """(part, side index into SIDES) in the order they run: each part through every side,
-    the first side rotating from part to part (stock first, then governed, then salted...)."""
-    n = len(SIDES)
-    return [(j, (j + k) % n) for j in range(parts) for k in range(n)]
+    in the order ``ORDERS[part % 6]``."""
+    return [(j, i) for j in range(parts) for i in ORDERS[j % len(ORDERS)]]
 
 
 def like_for_like(
@@ -286,6 +348,8 @@ def run(
     audit_url: str | None = None,
     audit_writer: str = "thread",
     cold_turns: bool = False,
+    sharing: str = "none",
+    unsalted_control: bool = False,
 ) -> int:
     work.mkdir(parents=True, exist_ok=True)
     audit = work / "audit.db"
@@ -302,7 +366,11 @@ def run(
                 model,
                 work / f"{name}.log",
                 token_key,
-                kvgov={"audit_url": audit_url, "audit_writer": audit_writer},
+                kvgov={
+                    "audit_url": audit_url,
+                    "audit_writer": audit_writer,
+                    **({"policy_data": SHARE_GROUP} if sharing != "none" else {}),
+                },
             )
             if governed
             else Server(name, python, model, work / f"{name}.log", governed=False)
@@ -316,7 +384,16 @@ def run(
     try:
         took = start_all(list(servers.values()))
         print("servers started: " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
-        clients = {name: Clients(servers[name], key, salted=salted) for name, _, salted in SIDES}
+        clients = {
+            name: Clients(
+                servers[name],
+                key,
+                salted=salted and not unsalted_control,
+                classification="public" if gov and sharing == "group" else "internal",
+                public_prefix=SYSTEM_PROMPT_BLOCKS_TOKENS if gov and sharing == "prefix" else 0,
+            )
+            for name, gov, salted in SIDES
+        }
         warm = workload(2 * len(TENANTS))
         warm_up = [(t, "warm up " + p) for t, p in warm]
         for name, _, _ in SIDES:  # warm-up, different prompts: nothing of it is reused
@@ -340,6 +417,12 @@ def run(
         f"prompts of 128 tokens + 32-token questions, {OUTPUT_TOKENS} output tokens, "
         f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights; "
         "stock-salted: a second stock server, each tenant's requests salted with its name"
+        + SHARING_NOTES[sharing]
+        + (
+            "; --unsalted-control: stock-salted's requests unsalted (an A/A control)"
+            if unsalted_control
+            else ""
+        )
     )
     figures = {name: report(name, sum(part_walls[name]), results[name]) for name, _, _ in SIDES}
     # each part's wall clock, side by side: where a side lost its throughput (the turns
@@ -400,7 +483,11 @@ def main() -> int:
         "4th, one of them)",
     )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
-    parser.add_argument("--work", type=Path, default=REPO / ".bench" / "vllm-e2e-bench")
+    parser.add_argument(
+        "--work",
+        type=lambda p: Path(p).resolve(),  # the servers' audit URL names it from their cwd
+        default=REPO / ".bench" / "vllm-e2e-bench",
+    )
     parser.add_argument(
         "--audit-url",
         default=None,
@@ -419,6 +506,22 @@ def main() -> int:
         help="no untimed burst before each part's timed turn: every turn starts on a server "
         "idle through the other servers' turns (each server's clients are still kept)",
     )
+    parser.add_argument(
+        "--sharing",
+        choices=tuple(SHARING_NOTES),
+        default="none",
+        help="the governed side's sharing: none (every tenant isolated, the default); "
+        "prefix (each request's system prompt is a signed public prefix every tenant "
+        "publishes in one share group, its question stays the tenant's); group (the whole "
+        "request classified public in that group). Each cross-tenant hit is judged by the "
+        "sharing policy and audited",
+    )
+    parser.add_argument(
+        "--unsalted-control",
+        action="store_true",
+        help="the stock-salted server's requests carry no salt: two identical stock servers, "
+        "an A/A control (their ratio is the benchmark's own bias between two servers)",
+    )
     parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = 40 if args.quick else args.requests
@@ -429,8 +532,18 @@ def main() -> int:
             argv += ["--audit-url", args.audit_url]
         argv += ["--audit-writer", args.audit_writer]
         argv += ["--cold-turns"] if args.cold_turns else []
+        argv += ["--sharing", args.sharing]
+        argv += ["--unsalted-control"] if args.unsalted_control else []
         return subprocess.run(argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}).returncode
-    return run(n, args.work, args.audit_url, args.audit_writer, args.cold_turns)
+    return run(
+        n,
+        args.work,
+        args.audit_url,
+        args.audit_writer,
+        args.cold_turns,
+        args.sharing,
+        args.unsalted_control,
+    )
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from kvgov.govern import GovernedKVCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -115,16 +118,20 @@ def test_the_tail_net_of_isolation_leaves_out_what_only_stock_reused() -> None:
     assert net["governed"]["ttft_p50_ms"] == pytest.approx(300.0)
 
 
-def test_every_part_runs_through_every_side_and_the_first_side_rotates() -> None:
-    order = bench_vllm_e2e.turn_order(4)
+def test_every_part_runs_through_every_side_and_every_side_takes_every_place() -> None:
+    parts = bench_vllm_e2e.TURNS
+    order = bench_vllm_e2e.turn_order(parts)
     sides = len(bench_vllm_e2e.SIDES)
-    assert len(order) == 4 * sides
-    for part in range(4):
+    assert len(order) == parts * sides
+    for part in range(parts):
         assert sorted(i for j, i in order if j == part) == list(range(sides))
-    assert [i for j, i in order[::sides]] == [0, 1, 2, 0]  # who goes first, part by part
+    for place in range(sides):  # each side first, second and third equally often
+        at = [order[j * sides + place][1] for j in range(parts)]
+        assert sorted(at) == sorted(list(range(sides)) * (parts // sides)), place
     assert [j for j, _ in order] == sorted(j for j, _ in order)  # a part ends before the next
     # no server runs two turns back to back: each starts every turn from idle
     assert all(a[1] != b[1] for a, b in itertools.pairwise(order))
+    assert order[-1][1] != order[0][1]  # nor across a longer run's repetition
 
 
 class _Stream:
@@ -153,3 +160,66 @@ def test_the_salted_side_isolates_tenants_with_vllms_cache_salt() -> None:
     bench_vllm_e2e._one(client, "bank", "text", b"k" * 32)
     body = client.kwargs["extra_body"]
     assert isinstance(body, dict) and "cache_salt" not in body  # stock and governed share
+
+
+def test_the_sharing_options_share_group_lets_every_tenant_reuse_public_blocks_only(
+    make_cache: Callable[..., GovernedKVCache],
+) -> None:
+    """``--sharing``'s policy data: a public prompt one tenant cached is reused by every
+    other tenant of the benchmark; an internal one by none. With ``prefix``, the system
+    prompt's public blocks only."""
+    from .conftest import fill, make_scope
+
+    cache = make_cache(policy_data=bench_vllm_e2e.SHARE_GROUP)
+    tokens = list(range(100, 117))  # 4 full blocks of 4, and one token
+    for label in ("public", "internal"):
+        first, *others = bench_vllm_e2e.TENANTS
+        adm = cache.admit(f"{label}-0", make_scope(tenant=first, classification=label), tokens)
+        fill(cache, adm.block_ids)
+        cache.release(f"{label}-0")
+        for i, tenant in enumerate(others, 1):
+            scope = make_scope(tenant=tenant, classification=label)
+            adm = cache.admit(f"{label}-{i}", scope, tokens)
+            assert adm.cached_tokens == (16 if label == "public" else 0), (label, tenant)
+            fill(cache, adm.block_ids)
+            cache.release(f"{label}-{i}")
+    # --sharing prefix: internal requests whose first 8 tokens (2 blocks) are public
+    first, *others = bench_vllm_e2e.TENANTS
+    scope = make_scope(tenant=first)
+    adm = cache.admit("prefix-0", scope, tokens, public_prefix_tokens=8)
+    fill(cache, adm.block_ids)
+    cache.release("prefix-0")
+    for i, tenant in enumerate(others, 1):
+        scope = make_scope(tenant=tenant)
+        adm = cache.admit(f"prefix-{i}", scope, tokens, public_prefix_tokens=8)
+        assert adm.cached_tokens == 8, tenant
+        fill(cache, adm.block_ids)
+        cache.release(f"prefix-{i}")
+
+
+def test_the_prefix_option_signs_the_system_prompts_whole_blocks() -> None:
+    """What ``--sharing prefix`` declares public is whole blocks of the system prompt."""
+    assert bench_vllm_e2e.SYSTEM_PROMPT_BLOCKS_TOKENS % vllm_cpu_env.BLOCK_SIZE == 0
+    for system in bench_vllm_e2e.SYSTEM_PROMPTS:  # one token a word (the tiny tokenizer)
+        assert len(system.split()) >= bench_vllm_e2e.SYSTEM_PROMPT_BLOCKS_TOKENS
+
+
+def test_the_prefix_option_declares_the_system_prompt_of_workload_requests_only() -> None:
+    """``--sharing prefix``: a workload request's token signs its system prompt's public
+    prefix; the warm-up and burst prompts (no system prompt) declare none."""
+    clients = bench_vllm_e2e.Clients(
+        _server(True), b"k" * 32, public_prefix=bench_vllm_e2e.SYSTEM_PROMPT_BLOCKS_TOKENS
+    )
+    try:
+        stream = _Stream()
+        clients.local.client = stream
+        work = bench_vllm_e2e.workload(2)[0]
+        for item, prefix in ((work, 128), (bench_vllm_e2e.rewarm(0)[0], None)):
+            clients._send(item)
+            body = stream.kwargs["extra_body"]
+            assert isinstance(body, dict)
+            xargs = body["vllm_xargs"]
+            assert xargs.get("kvgov_public_prefix_tokens") == prefix
+            assert xargs["kvgov_scope_token"].startswith("v2." if prefix else "v1.")
+    finally:
+        clients.close()
