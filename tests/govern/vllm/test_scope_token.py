@@ -26,23 +26,33 @@ def _sign(clock: FakeClock, ttl: int = 60, key: bytes = KEY, **fields: Any) -> s
     return sign_scope_token(key, **{**FIELDS, **fields}, expires_at=int(clock()) + ttl)
 
 
-def test_the_message_is_length_prefixed_fields_and_a_u64_expiry() -> None:
-    """The signed bytes are the documented layout (a separate encoder recomputes them)."""
+@pytest.mark.parametrize(
+    ("prefix", "version", "signed_prefix"),
+    [(0, "v1", b""), (64, "v2", (64).to_bytes(4, "big"))],
+    ids=["v1", "v2-public-prefix"],
+)
+def test_the_message_is_length_prefixed_fields_a_u32_prefix_and_a_u64_expiry(
+    prefix: int, version: str, signed_prefix: bytes
+) -> None:
+    """The signed bytes are the documented layout (a separate encoder recomputes them):
+    v1 without a public prefix, v2 (its own tag, the prefix as a u32) with one."""
 
     def field(v: str) -> bytes:
         raw = v.encode()
         return b"\x01" + len(raw).to_bytes(4, "big") + raw
 
     expected = (
-        b"kvgov.scope-token.v1\x00"
+        f"kvgov.scope-token.{version}\x00".encode()
         + field("acme")
         + field("internal")
         + field("sys-v3")
+        + signed_prefix
         + (1_700_000_060).to_bytes(8, "big")
     )
-    assert scope_token_message(**FIELDS, expires_at=1_700_000_060) == expected
-    token = sign_scope_token(KEY, **FIELDS, expires_at=1_700_000_060)
-    assert token == "v1.1700000060." + hmac.digest(KEY, expected, hashlib.sha256).hex()
+    signed = {"expires_at": 1_700_000_060, "public_prefix_tokens": prefix}
+    assert scope_token_message(**FIELDS, **signed) == expected
+    token = sign_scope_token(KEY, **FIELDS, **signed)
+    assert token == f"{version}.1700000060." + hmac.digest(KEY, expected, hashlib.sha256).hex()
 
 
 def test_a_token_over_exactly_these_fields_verifies() -> None:
@@ -111,27 +121,6 @@ def test_max_ttl_must_be_a_positive_number(ttl: Any) -> None:
 def test_the_key_never_shows_in_a_repr() -> None:
     """Logs and tracebacks do not reveal the key."""
     assert "front-end-key" not in repr(ScopeTokenVerifier(KEY))
-
-
-def test_a_v2_message_signs_the_public_prefix_as_a_u32_before_the_expiry() -> None:
-    """A token with a public prefix: the documented v2 layout, spelled ``v2``."""
-
-    def field(v: str) -> bytes:
-        raw = v.encode()
-        return b"\x01" + len(raw).to_bytes(4, "big") + raw
-
-    expected = (
-        b"kvgov.scope-token.v2\x00"
-        + field("acme")
-        + field("internal")
-        + field("sys-v3")
-        + (64).to_bytes(4, "big")
-        + (1_700_000_060).to_bytes(8, "big")
-    )
-    message = scope_token_message(**FIELDS, expires_at=1_700_000_060, public_prefix_tokens=64)
-    assert message == expected
-    token = sign_scope_token(KEY, **FIELDS, expires_at=1_700_000_060, public_prefix_tokens=64)
-    assert token == "v2.1700000060." + hmac.digest(KEY, expected, hashlib.sha256).hex()
 
 
 @pytest.mark.parametrize(
