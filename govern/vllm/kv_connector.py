@@ -232,6 +232,8 @@ class GovernedKVConnector(KVConnectorBase_V1):
             return state, "not_cacheable"
         if state.shared:
             return state, "share_group"
+        if state.prefix_blocks:  # its blocks are of two scopes; the tier names one a request
+            return state, "public_prefix"
         if state.scope.tenant in self.kvgov_binding.gov.ledger.purging:
             return state, "purging"
         # the offload policy, asked about this tier by its name (offload_tiers in the

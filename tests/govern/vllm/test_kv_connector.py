@@ -102,9 +102,11 @@ class Server:
         )
         return so
 
-    def run(self, req_id: str, tenant: str) -> tuple[int, list[int]]:
+    def run(
+        self, req_id: str, tenant: str, xargs: dict[str, Any] | None = None
+    ) -> tuple[int, list[int]]:
         """Serve one request; returns its tokens first reused and its first block table."""
-        self.sched.add_request(self.h.request(req_id, PROMPT, tenant=tenant))
+        self.sched.add_request(self.h.request(req_id, PROMPT, tenant=tenant, xargs=xargs))
         hit, table = -1, []
         for _ in range(50):
             if not self.sched.has_requests():
@@ -179,6 +181,25 @@ def test_a_scope_the_offload_policy_keeps_off_the_tier_is_neither_saved_nor_load
     assert one.run("a3", "A")[0] == 0
     misses = [e for e in one.events(sequence_id="a3") if e.details.get("outcome") == "miss"]
     assert [e.details["reason"] for e in misses] == ["offload_denied"]
+
+
+def test_a_request_with_a_public_prefix_is_neither_saved_nor_loaded(vllm: Any, prefix: str) -> None:
+    """Its blocks are of two scopes (the prefix's public one, the rest's) and the tier
+    names one a request: fail closed, its lookups audited as ``public_prefix`` misses,
+    while the same tenant's requests without one use the tier."""
+    import redis
+
+    one = Server(vllm, _settings(prefix, vllm))
+    public = {"kvgov_public_prefix_tokens": 64}
+    one.run("a1", "A", public)
+    assert not [e for e in one.events() if e.type == "offload"]
+    assert not list(redis.Redis.from_url(REDIS).scan_iter(match=f"{prefix}:*:o:*"))
+    one.sched.reset_prefix_cache()
+    assert one.run("a2", "A", public)[0] == 0
+    misses = [e for e in one.events(sequence_id="a2") if e.details.get("outcome") == "miss"]
+    assert [e.details["reason"] for e in misses] == ["public_prefix"]
+    one.run("a3", "A")  # no prefix: saved as before
+    assert [e for e in one.events(sequence_id="a3") if e.type == "offload"]
 
 
 def test_redis_keys_and_objects_name_no_tenant(vllm: Any, prefix: str) -> None:
