@@ -12,12 +12,19 @@ Threads: a ``regorus.Engine`` is a pyo3 ``unsendable`` object. Using one from a
 thread other than the one that created it panics, and dropping it there leaks it
 with a warning, so a lock around one shared engine is not enough and ``clone()``
 does not help either (the clone belongs to the thread that called it). This engine
-therefore keeps **one regorus Engine per thread** (``threading.local``), built from
-the active bundle's sources on that thread's first evaluation and rebuilt there
-after a reload (a few ms). Nothing regorus-owned is shared, so no lock is held
-while evaluating; the active bundle is swapped by a single reference assignment.
-A thread's engine dies with its thread (a thread killed at interpreter exit,
-such as a daemon thread, may leave a "dropped on another thread" warning).
+therefore keeps **one regorus Engine per thread**, built from the active bundle's
+sources on that thread's first evaluation and rebuilt there after a reload (a few
+ms). Nothing regorus-owned is shared, so no lock is held while evaluating; the
+active bundle is swapped by a single reference assignment. The engines live in one
+module-level ``threading.local`` (``_THREAD_ENGINES``), keyed by the
+:class:`EmbeddedEngine` that built them, never in the EmbeddedEngine itself: an
+EmbeddedEngine collected by the garbage collector, which runs on whichever thread
+happens to allocate, would otherwise take every thread's regorus Engine with it and
+drop them there (pyo3's "dropped on another thread", raised into that thread as an
+unraisable exception). A thread drops the engines of closed or collected
+EmbeddedEngines itself, the next time it builds one, and all of its own when it
+ends (a thread killed at interpreter exit, such as a daemon thread, may leave a
+"dropped on another thread" warning).
 
 Speed: an uncached admission decision takes about 40 µs here on a quiet 2-core
 machine, up to twice that when the machine is busy (benchmarks/bench_policy.py):
@@ -35,8 +42,10 @@ string ``"<undefined>"``, so it is not safe for fail-closed decisions.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,9 +61,25 @@ _NOT_A_RULE = "not a valid rule path"
 _PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
-class _ThreadState(threading.local):
-    bundle: Bundle | None = None
-    engine: Any = None
+class _ThreadEngines(threading.local):
+    """One thread's regorus Engines: owner token -> (owner, bundle, engine)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[int, tuple[weakref.ref[EmbeddedEngine], Bundle, Any]] = {}
+
+
+_THREAD_ENGINES = _ThreadEngines()
+_TOKENS = itertools.count()
+
+
+def _drop_orphans(engines: dict[int, tuple[weakref.ref[EmbeddedEngine], Bundle, Any]]) -> None:
+    """Drop, on the calling thread (theirs), the engines of closed or collected owners."""
+    for token in [t for t, (ref, _, _) in engines.items() if _closed(ref())]:
+        del engines[token]
+
+
+def _closed(owner: EmbeddedEngine | None) -> bool:
+    return owner is None or owner.bundle is None
 
 
 class EmbeddedEngine:
@@ -92,7 +117,8 @@ class EmbeddedEngine:
         self._bundle: Bundle | None = load_bundle(policy_dir, policy_data, run_tests=run_tests)
         self._last_revision = self._bundle.revision
         self._reload_lock = threading.Lock()
-        self._local = _ThreadState()
+        self._token = next(_TOKENS)  # its engines' key in every thread's _THREAD_ENGINES
+        self._ref = weakref.ref(self)
         # rule paths as given -> (slash form, "data.x.y" form); bounded to stay small.
         self._paths: dict[str, tuple[str, str]] = {}
         # dotted paths regorus cannot eval as rules (pure data): queried instead.
@@ -142,11 +168,15 @@ class EmbeddedEngine:
             return bundle.revision
 
     def _thread_engine(self, bundle: Bundle) -> Any:
-        local = self._local
-        if local.bundle is not bundle:
-            local.engine = bundle.new_engine()
-            local.bundle = bundle
-        return local.engine
+        engines = _THREAD_ENGINES.engines
+        entry = engines.get(self._token)
+        if entry is not None and entry[1] is bundle:
+            return entry[2]
+        if entry is None:  # a new owner on this thread: a chance to drop the dead ones' here
+            _drop_orphans(engines)
+        engine = bundle.new_engine()
+        engines[self._token] = (self._ref, bundle, engine)
+        return engine
 
     def _resolve(self, path: str) -> tuple[str, str]:
         known = self._paths.get(path)
@@ -215,9 +245,13 @@ class EmbeddedEngine:
         )
 
     def close(self) -> None:
-        """Deactivate the bundle; later evaluations fail closed ("engine closed")."""
+        """Deactivate the bundle; later evaluations fail closed ("engine closed").
+
+        The calling thread's regorus Engine is dropped now; another thread's, by that
+        thread, the next time it builds one (or when it ends).
+        """
         self._bundle = None
-        self._local = _ThreadState()
+        _THREAD_ENGINES.engines.pop(self._token, None)
 
 
 def _query_value(answer: Any) -> Any:

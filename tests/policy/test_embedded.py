@@ -181,3 +181,43 @@ def test_reload_is_seen_by_other_threads(bundle_copy: Path, scope: dict[str, Any
     done.wait()
     t.join()
     assert seen == [3600, 9]
+
+
+def test_an_engine_collected_on_another_thread_drops_no_regorus_engine_there(
+    scope: dict[str, Any],
+) -> None:
+    """An EmbeddedEngine in a reference cycle is freed by the garbage collector on
+    whichever thread runs it. Its threads' regorus Engines (pyo3 ``unsendable``) must
+    not be dropped there: that raised "dropped on another thread" into an unrelated
+    test's server thread (CI, 2026-12-07). They are dropped by their own thread."""
+    import gc
+    import sys
+
+    from kvgov.policy import embedded as module
+
+    raised: list[BaseException | None] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: raised.append(info.exc_value)
+    gc.disable()
+    try:
+        engine = EmbeddedEngine(run_tests=False)
+        assert engine.evaluate("kvgov/admission/decision", {"scope": scope, "num_tokens": 8})
+        engine.cycle = engine  # type: ignore[attr-defined]  # only the collector frees it
+        del engine
+        collector = threading.Thread(target=gc.collect)
+        collector.start()
+        collector.join()
+        assert raised == []
+        # this thread drops the orphan itself, the next time it builds an engine
+        other = EmbeddedEngine(run_tests=False)
+        other.evaluate("kvgov/admission/decision", {"scope": scope, "num_tokens": 8})
+        owners = [ref() for ref, _, _ in module._THREAD_ENGINES.engines.values()]
+        assert other in owners
+        assert all(o is not None and o.bundle is not None for o in owners)  # none orphaned
+        other.close()
+        owners = [ref() for ref, _, _ in module._THREAD_ENGINES.engines.values()]
+        assert other not in owners
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    assert raised == []
