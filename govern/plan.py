@@ -14,17 +14,14 @@ A scope whose retention is 0 seconds may keep nothing: its plan keys nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kvgov.policy import Decision, PolicyClient
 
 from .keys import CacheKey, KeyDeriver, continuation_root
-from .views import ScopeView, ScopeViews
+from .views import PUBLIC, ScopeView, ScopeViews
 
 __all__ = ["PUBLIC", "KeyPlan", "plan_keys", "unkeyed_plan"]
-
-#: The classification of a public prefix (see ``admit(public_prefix_tokens=...)``).
-PUBLIC = "public"
 
 
 @dataclass(slots=True)
@@ -120,7 +117,7 @@ def plan_keys(
     derive = deriver.derive_chain
     prefix_blocks = min(public_prefix_tokens // block_size, num_full)
     if prefix_blocks:
-        pview = views.view(replace(view.scope, classification=PUBLIC))
+        pview = views.public(view)
         proot, prefix_read_roots, pttl = _namespaces_and_ttl(policy, views, pview, failed)
         if pttl > 0:
             prefix_keys = derive(proot, packed, pview.digest, block_size, prefix_blocks)

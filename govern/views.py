@@ -8,7 +8,7 @@ caches them and answers which namespaces a scope publishes in and reads from.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgov.exceptions import InvalidScope, PolicyUnavailable
@@ -17,7 +17,10 @@ from kvgov.policy import Decision, PolicyClient
 from .keys import NamespaceRoot, ScopeDigest, namespace_root, scope_digest
 from .scope import CacheScope
 
-__all__ = ["ScopeView", "ScopeViews"]
+__all__ = ["PUBLIC", "ScopeView", "ScopeViews"]
+
+#: The classification of a public prefix (see ``admit(public_prefix_tokens=...)``).
+PUBLIC = "public"
 
 #: Views kept before the cache of them is cleared (a bound on memory, not a tuning knob:
 #: a deployment has far fewer distinct scopes).
@@ -59,6 +62,8 @@ class ScopeViews:
     def __init__(self, policy: PolicyClient) -> None:
         self._policy = policy
         self._views: dict[CacheScope, ScopeView] = {}
+        # scope -> the view of its public prefix's scope (classification public)
+        self._public: dict[CacheScope, ScopeView] = {}
         self._group_roots: dict[str, NamespaceRoot] = {}
         self._classifications = policy.classifications()
 
@@ -101,6 +106,22 @@ class ScopeViews:
         )
         self._views[scope] = view
         return view
+
+    def public(self, view: ScopeView) -> ScopeView:
+        """The view of ``view``'s scope with classification ``public``: the scope a
+        public prefix of its requests is keyed under, derived once per scope.
+
+        Raises:
+            InvalidScope, PolicyUnavailable: as :meth:`view` (the policy must know
+                ``public``).
+        """
+        pview = self._public.get(view.scope)
+        if pview is None:
+            pview = self.view(replace(view.scope, classification=PUBLIC))
+            if len(self._public) >= _MAX_VIEWS:
+                self._public.clear()
+            self._public[view.scope] = pview
+        return pview
 
     def known(self) -> list[ScopeView]:
         """The views derived so far (at most the last 65,536 scopes), e.g. to invalidate by."""

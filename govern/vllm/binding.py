@@ -38,7 +38,6 @@ needs one KV cache group.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,7 +64,6 @@ from kvgov.exceptions import (
 from .. import sharing
 from ..assemble import open_parts
 from ..governor import Governor
-from ..plan import PUBLIC
 from ..refusal import ERROR_PATH, SCOPE_PATH, describe_error, refuse, request_id_problem
 from ..results import ErasureReport, InvalidationReport
 from ..scope_resolver import EngineScope, ScopeResolver, revision_of
@@ -286,7 +284,7 @@ class VllmGovernance:
             prefix = None
             blocks = min(prefix_tokens, num_tokens) // self.block_size
             if blocks and plan.cacheable:  # the prefix's namespaces and retention
-                pview = gov.ledger.views.view(dataclasses.replace(scope, classification=PUBLIC))
+                pview = gov.ledger.views.public(view)
                 pplan = gov.plan(pview, b"", True, 0)
                 if pplan.cacheable:  # else, as kvgov's own cache: all under the scope
                     prefix = (pview, pplan, blocks)
@@ -458,8 +456,8 @@ class VllmGovernance:
     def _keyed(self, request: Any, block_ids: list[int], first: int = 0) -> None:
         """vLLM cached the request's full blocks (``first``: the position of the first):
         give them the request's retention, and its eviction priority, duration and quota
-        group (its tenant's). Blocks of a public prefix take the public scope as their
-        owner and its retention."""
+        group (its tenant's). Blocks of a public prefix take the public scope's retention
+        (their owner is the public scope since their allocation: :meth:`allocated`)."""
         state: RequestGovernance | None = fence.governance_of(request)
         queue = self.pool.kvgov_governed
         if state is None:
@@ -467,12 +465,11 @@ class VllmGovernance:
                 queue.kvgov_keyed(block_ids, DEFAULT_PRIORITY, 0, None)
             return
         rest = block_ids
-        if first < state.prefix_blocks and state.prefix_view is not None:
+        if first < state.prefix_blocks:
             public, rest = (
                 block_ids[: state.prefix_blocks - first],
                 block_ids[state.prefix_blocks - first :],
             )
-            self.gov.ledger.owners.assign(public, state.prefix_view.scope)
             if state.prefix_ttl is not None:
                 self.gov.ledger.deadlines.keyed(public, state.prefix_ttl)
         if state.plan.ttl is not None and rest:

@@ -121,7 +121,9 @@ class GovernedKVCacheManager(KVCacheManager):
             state = fence.governance_of(request)
             if state is not None and (new or hit or not state.admitted):
                 public: list[int] = []
-                if state.prefix_blocks and new:  # the public prefix's blocks (one group)
+                # the public prefix's blocks (one group), while some may be new: past the
+                # prefix's tokens every block of it was handed out by an earlier call
+                if new and local < state.prefix_blocks * binding.block_size:
                     held = self.get_blocks(request.request_id).blocks[0]
                     public = [b.block_id for b in held[: state.prefix_blocks]]
                 binding.allocated(
