@@ -11,10 +11,10 @@ own question, streamed through the ``openai`` client from a few concurrent clien
 third server, ``stock-salted``, is stock too, and each tenant's requests to it carry the
 tenant's name as vLLM's ``cache_salt``: stock vLLM's own per-tenant prefix isolation, so
 its tail has the cold prefills governed's isolation causes and none of kvgov's work (the
-reference that separates the two). The workload runs in four parts, each through the
-three servers in turn, every side in every place of a part equally often (six parts: the
-machine's drift is shared; no
-server runs two turns back to back), and the figures are summed over the parts of a side.
+reference that separates the two). The workload runs in six parts, each through the
+three servers in turn, every side in every place of a part equally often (the machine's
+drift is shared; no server runs two turns back to back), and the figures are summed over
+the parts of a side.
 Each server keeps its clients (and their connections) from turn to turn, and each timed
 turn follows an untimed burst of one request a client (prompts of their own, nothing
 reused): a server idle through the other two servers' turns stalled its first requests
@@ -70,8 +70,7 @@ from vllm_cpu_env import (
 )
 
 TENANTS = ("bank", "clinic", "insurer", "retailer")
-SYSTEM_PROMPTS = [prompt(f"system {i}", 128) for i in range(2)]  # shared by every tenant
-_SYSTEM_STARTS = tuple(SYSTEM_PROMPTS)
+SYSTEM_PROMPTS = tuple(prompt(f"system {i}", 128) for i in range(2))  # shared by every tenant
 #: ``--sharing prefix``: the public prefix a request's token signs, the system prompt's
 #: whole blocks (128 tokens: with or without a BOS token, all of them system prompt)
 SYSTEM_PROMPT_BLOCKS_TOKENS = 128
@@ -81,8 +80,7 @@ TURNS = 6  # the workload in 6 parts, each through every side, every side in eve
 #: the sides, one server each: name, governed, whether a tenant's requests carry its name
 #: as cache_salt
 SIDES = (("stock", False, False), ("governed", True, False), ("stock-salted", False, True))
-#: ``--sharing group|prefix``: the governed side's policy data, every tenant publishing
-#: ``public`` blocks in one share group
+#: ``--sharing``: what the governed side shares, as the report's header says it
 SHARING_NOTES = {
     "none": "",
     "prefix": "; governed: each request's system prompt a signed public prefix (128 tokens), "
@@ -90,6 +88,8 @@ SHARING_NOTES = {
     "group": "; governed: every tenant publishes in one share group, its requests classified "
     "public (--sharing group)",
 }
+#: ``--sharing group|prefix``: the governed side's policy data, every tenant publishing
+#: ``public`` blocks in one share group
 SHARE_GROUP = {
     "kvgov": {
         "config": {
@@ -221,7 +221,7 @@ class Clients:
             self.salted,
             self.classification,
             # the warm-up's and the bursts' prompts have no system prompt to declare
-            self.public_prefix if item[1].startswith(_SYSTEM_STARTS) else 0,
+            self.public_prefix if item[1].startswith(SYSTEM_PROMPTS) else 0,
         )
 
     def turn(self, requests: list[tuple[str, str]], part: int = -1) -> tuple[float, list[Result]]:
