@@ -99,4 +99,4 @@ bench-vllm: $(STAMP)
 
 clean:
 	rm -rf $(VENV) kvgov-demo kvgov-audit.db* build *.egg-info
-	rm -f govern/_keychain.*.so audit/_seal.*.so  # the compiled extensions, built in place by the editable install
+	rm -f govern/_keychain.*.so govern/_blocks.*.so audit/_seal.*.so  # the compiled extensions, built in place by the editable install

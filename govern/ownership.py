@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 
+from . import native
 from .scope import CacheScope
 
-__all__ = ["Owners"]
+__all__ = ["Owners", "assign_unowned", "group"]
 
 
 class Owners:
@@ -39,45 +40,40 @@ class Owners:
 
     def assign(self, block_ids: Sequence[int], scope: CacheScope) -> None:
         """Record ``scope`` as the writer of newly handed-out blocks."""
-        table = self.table
-        for b in block_ids:
-            table[b] = scope
+        native.assign(self.table, block_ids, scope)
+
+    def assign_unowned(self, block_ids: Sequence[int], scope: CacheScope) -> list[int]:
+        """Record ``scope`` as the writer of the blocks among ``block_ids`` without one.
+
+        Returns those blocks, in order (chosen before any is set). Compiled where
+        :data:`kvgov.govern.native.NATIVE_BLOCKS` (:func:`assign_unowned` is the pure loop).
+
+        Raises:
+            IndexError: an id is not a block of the table (the compiled path sets none;
+                it also refuses a negative id, which the pure loop would index from
+                the end).
+        """
+        blocks = native.blocks
+        if blocks is not None:
+            new: list[int] = blocks.assign_unowned(self.table, block_ids, scope)
+            return new
+        return assign_unowned(self.table, block_ids, scope)
 
     def group(
         self, block_ids: Sequence[int], *, clear: bool = False
     ) -> list[tuple[CacheScope | None, Sequence[int]]]:
         """Group block ids by owning scope, in first-seen order; ``clear`` forgets the owners.
 
-        One owner for the whole batch is the rule (a request's blocks, a one-tenant
-        cache): that case costs one C-level gather and one count, which compares by
-        identity first. Otherwise blocks are grouped by object identity: every block
-        of one admission holds the same scope object, and hashing a scope's nine
-        fields per block would dominate the cost.
+        Compiled where :data:`kvgov.govern.native.NATIVE_BLOCKS`; :func:`group` is the
+        pure loop and its specification.
         """
-        owner = self.table
-        n = len(block_ids)
-        if n == 0:
-            return []
-        first = owner[block_ids[0]]
-        if n == 1 or itemgetter(*block_ids)(owner).count(first) == n:
-            if clear:
-                for b in block_ids:
-                    owner[b] = None
-            return [(first, block_ids)]
-        groups: dict[int, tuple[CacheScope | None, list[int]]] = {}
-        last: object = groups  # a sentinel no owner can be
-        current: list[int] = []
-        for b in block_ids:
-            scope = owner[b]
-            if scope is not last:  # runs of one owner are the rule: one identity test per block
-                group = groups.get(id(scope))
-                if group is None:
-                    group = groups[id(scope)] = (scope, [])
-                current, last = group[1], scope
-            current.append(b)
-            if clear:
-                owner[b] = None
-        return list(groups.values())
+        blocks = native.blocks
+        if blocks is not None:
+            groups: list[tuple[CacheScope | None, Sequence[int]]] = blocks.group(
+                self.table, block_ids, clear
+            )
+            return groups
+        return group(self.table, block_ids, clear=clear)
 
     def select(self, matches: Callable[[CacheScope], bool]) -> list[int]:
         """Every block whose owner ``matches``, ascending."""
@@ -90,3 +86,56 @@ class Owners:
     def held(self) -> list[int]:
         """Every block that has an owner (not FREE), ascending."""
         return [b for b, owner in enumerate(self.table) if owner is not None]
+
+
+def assign_unowned(
+    table: list[CacheScope | None], block_ids: Sequence[int], scope: CacheScope
+) -> list[int]:
+    """:meth:`Owners.assign_unowned` in Python: the specification of the compiled path."""
+    if not block_ids:
+        return []
+    got = itemgetter(*block_ids)(table) if len(block_ids) > 1 else (table[block_ids[0]],)
+    new = (
+        list(block_ids)
+        if got.count(None) == len(block_ids)
+        else [b for b, owner in zip(block_ids, got, strict=True) if owner is None]
+    )
+    for b in new:
+        table[b] = scope
+    return new
+
+
+def group(
+    table: list[CacheScope | None], block_ids: Sequence[int], *, clear: bool = False
+) -> list[tuple[CacheScope | None, Sequence[int]]]:
+    """:meth:`Owners.group` in Python: the specification of the compiled path.
+
+    One owner for the whole batch is the rule (a request's blocks, a one-tenant
+    cache): that case costs one C-level gather and one count, which compares by
+    identity first, and its group holds ``block_ids`` itself. Otherwise blocks are
+    grouped by object identity: every block of one admission holds the same scope
+    object, and hashing a scope's nine fields per block would dominate the cost.
+    """
+    n = len(block_ids)
+    if n == 0:
+        return []
+    first = table[block_ids[0]]
+    if n == 1 or itemgetter(*block_ids)(table).count(first) == n:
+        if clear:
+            for b in block_ids:
+                table[b] = None
+        return [(first, block_ids)]
+    groups: dict[int, tuple[CacheScope | None, list[int]]] = {}
+    last: object = groups  # a sentinel no owner can be
+    current: list[int] = []
+    for b in block_ids:
+        scope = table[b]
+        if scope is not last:  # runs of one owner are the rule: one identity test per block
+            entry = groups.get(id(scope))
+            if entry is None:
+                entry = groups[id(scope)] = (scope, [])
+            current, last = entry[1], scope
+        current.append(b)
+        if clear:
+            table[b] = None
+    return list(groups.values())

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kvgov.exceptions import InternalError, InvalidArgument
 
+from . import native
+
 __all__ = ["Deadlines"]
 
 _INF = math.inf
@@ -68,9 +70,7 @@ class Deadlines:
             or ttl < 0
         ):
             raise InvalidArgument("ttl", ttl, "None or a finite number of seconds >= 0")
-        table = self._ttl
-        for b in block_ids:
-            table[b] = ttl
+        native.assign(self._ttl, block_ids, ttl)
 
     def keyed_cached(self, block_ids: Sequence[int], ttl: float | None) -> None:
         """Blocks were keyed with this retention and are CACHED now: :meth:`keyed`, then
@@ -84,11 +84,9 @@ class Deadlines:
             return
         if type(ttl) is not float or not 0.0 <= ttl < _INF:  # nan fails both: checked there
             self.keyed((), ttl)  # raises for a bad ttl, as keyed does
-        ttls, deadline = self._ttl, self._deadline
         d = self._clock() + ttl
-        for b in block_ids:
-            ttls[b] = ttl
-            deadline[b] = d
+        native.assign(self._ttl, block_ids, ttl)
+        native.assign(self._deadline, block_ids, d)
         heap = self._heap
         heapq.heappush(heap, (d, tuple(block_ids)))
         if len(heap) > self._limit:

@@ -62,7 +62,7 @@ from kvgov.exceptions import InvalidArgument, UnsupportedEngine
 from ..scope import CacheScope
 from ..scope_resolver import EngineScope, revision_of
 from . import fence
-from .governance import Admitted, SglangGovernance
+from .governance import Admitted, SglangGovernance, page_ids
 from .host_pool import HostPoolZeroer
 from .keys import NAMESPACE_PREFIX
 from .storage import BACKEND, GovernedHiCacheStorage, StorageOwner
@@ -224,9 +224,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
     def _kvgov_path_pages(self, node: Any, tokens: int | None = None) -> list[int]:
         """The page ids of the device path to ``node``, in prefix order (its first
         ``tokens`` tokens' pages; None: all)."""
-        unit = self.kvgov_unit
-        slots = self.path_device_indices(node)[:tokens:unit].tolist()
-        return [slot // unit for slot in slots]
+        return page_ids(self.path_device_indices(node), self.kvgov_unit, stop=tokens)
 
     def _kvgov_judged(
         self, params: MatchPrefixParams, adm: Admitted, result: Any, pages: list[int] | None
@@ -318,7 +316,7 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             start = int(params.prev_prefix_len or 0)
             start -= start % page
             if value.numel() > start:
-                self.kvgov.owned([slot // page for slot in value[start::page].tolist()], *owner)
+                self.kvgov.owned(page_ids(value, page, start=start), *owner)
         return result
 
     def init_hicache(self, server_args: Any, params: Any) -> None:

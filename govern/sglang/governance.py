@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -55,7 +54,7 @@ from kvgov.exceptions import (
     UnsupportedEngine,
 )
 
-from .. import sharing
+from .. import native, sharing
 from ..assemble import open_parts
 from ..governor import Governor, admission_event
 from ..keys import scope_digest
@@ -78,6 +77,7 @@ __all__ = [
     "PageZeroer",
     "SglangGovernance",
     "SglangPoolAdapter",
+    "page_ids",
 ]
 
 _log = logging.getLogger("kvgov.sglang")
@@ -150,6 +150,9 @@ class PageZeroer:
         #: on CPU, the same targets as numpy byte views (None: a target numpy cannot view,
         #: or not on CPU; then torch's index_fill_): see :meth:`flush`
         self.byte_fills: list[tuple[np.ndarray, int]] | None = _byte_views(self.fills)
+        #: the byte views the compiled loop zeroes (``kvgov.govern._blocks.zero``: one call
+        #: for every page and view), or None: not built, or a view it cannot take
+        self.native_fills: list[tuple[np.ndarray, int]] | None = _native_fills(self.byte_fills)
 
     def release(self, page_ids: torch.Tensor) -> None:
         """Note pages going back to the allocator (zeroed by the next :meth:`flush`)."""
@@ -174,9 +177,18 @@ class PageZeroer:
         """Zero every pending page now: one indexed fill per :attr:`fills`; returns their ids."""
         if not self.pending:
             return []
-        pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
-        self.pending = []
+        blocks = native.blocks
         start = time.perf_counter()
+        if blocks is not None and self.native_fills is not None:
+            try:  # SGLang's page ids are CPU int64 tensors where its KV pool is on the CPU
+                chunks = [t.numpy() for t in self.pending]
+                ids: list[int] = blocks.zero(self.native_fills, chunks)
+            except TypeError:  # another dtype (checked by zero) or device: converted
+                chunks = [t.to("cpu", torch.int64).numpy() for t in self.pending]
+                ids = blocks.zero(self.native_fills, chunks)
+            self.pending = []  # only once zeroed: a failed flush leaves them pending
+            return self._zeroed(ids, start)
+        pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
         if pages.dtype != torch.int64 or pages.device != self.device:
             pages = pages.to(self.device, torch.int64)
         byte_fills = self.byte_fills
@@ -190,10 +202,47 @@ class PageZeroer:
         else:
             for target, dim in self.fills:
                 target.index_fill_(dim, pages, 0)
-        ids = pages.tolist()
+        self.pending = []
+        return self._zeroed(pages.tolist(), start)
+
+    def _zeroed(self, ids: list[int], start: float) -> list[int]:
         if self.on_zeroed is not None:
             self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
         return ids
+
+
+def _native_fills(
+    byte_fills: list[tuple[np.ndarray, int]] | None,
+) -> list[tuple[np.ndarray, int]] | None:
+    """``byte_fills`` where the compiled loop can zero them (checked by it), else None."""
+    blocks = native.blocks
+    if blocks is None or byte_fills is None:
+        return None
+    try:
+        blocks.zero(byte_fills, [])  # checks every view, zeroes nothing
+    except (TypeError, ValueError, BufferError):
+        return None
+    return byte_fills
+
+
+def page_ids(
+    slots: torch.Tensor, unit: int, *, start: int = 0, stop: int | None = None
+) -> list[int]:
+    """The page of every ``unit``-th token slot of ``slots[start:stop]`` (a page-aligned run).
+
+    Compiled for a CPU int64 tensor where :data:`kvgov.govern.native.NATIVE_BLOCKS`
+    (one call, no list of slots in between); otherwise this comprehension.
+    """
+    blocks = native.blocks
+    if blocks is not None:
+        try:
+            ids: list[int] = blocks.page_ids(
+                slots.numpy(), start, unit, unit, -1 if stop is None else stop
+            )
+            return ids
+        except TypeError:  # not on the CPU, or not int64: the comprehension
+            pass
+    return [slot // unit for slot in slots[start:stop:unit].tolist()]
 
 
 def _fill_targets(paged: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
@@ -918,13 +967,9 @@ class SglangGovernance:
         if not pages:
             return
         ledger = self.gov.ledger
-        table = ledger.owners.table
-        got = itemgetter(*pages)(table) if len(pages) > 1 else (table[pages[0]],)
-        new = pages if got.count(None) == len(pages) else [p for p in pages if table[p] is None]
-        if new:
-            ledger.owners.assign(new, scope)
-            if ttl is not None:
-                ledger.deadlines.keyed_cached(new, ttl)
+        new = ledger.owners.assign_unowned(pages, scope)
+        if new and ttl is not None:
+            ledger.deadlines.keyed_cached(new, ttl)
 
     # ------------------------------------------------------------------ erasure
 

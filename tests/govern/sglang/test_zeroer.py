@@ -12,10 +12,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvgov.govern import native  # noqa: E402
 from kvgov.govern.sglang.governance import PageZeroer  # noqa: E402
 
 PAGE = 4
 ROWS = 64  # token slots: 16 pages
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def _impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with the compiled zeroing loop (where built) and with numpy's fills."""
+    if request.param == "native" and native.blocks is None:
+        pytest.skip("kvgov.govern._blocks is not built here (tests/govern/test_blocks_native.py)")
+    if request.param == "python":
+        monkeypatch.setattr(native, "blocks", None)
+    return str(request.param)
 
 
 def _fused_layers(layers: int) -> list[torch.Tensor]:
