@@ -174,7 +174,11 @@ class PageZeroer:
         return all(not bool(buf.index_select(0, pages).any()) for buf in self._paged)
 
     def flush(self) -> list[int]:
-        """Zero every pending page now: one indexed fill per :attr:`fills`; returns their ids."""
+        """Zero every pending page now; returns their ids, in release order.
+
+        One compiled call over every byte view where :attr:`native_fills`, else one
+        indexed fill per :attr:`fills`. A fill that raises leaves the pages pending.
+        """
         if not self.pending:
             return []
         blocks = native.blocks
