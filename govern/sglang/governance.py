@@ -191,7 +191,7 @@ class PageZeroer:
                 chunks = [t.to("cpu", torch.int64).numpy() for t in self.pending]
                 ids = blocks.zero(self.native_fills, chunks)
             self.pending = []  # only once zeroed: a failed flush leaves them pending
-            return self._zeroed(ids, start)
+            return self._report(ids, start)
         pages = torch.cat(self.pending) if len(self.pending) > 1 else self.pending[0]
         if pages.dtype != torch.int64 or pages.device != self.device:
             pages = pages.to(self.device, torch.int64)
@@ -207,9 +207,10 @@ class PageZeroer:
             for target, dim in self.fills:
                 target.index_fill_(dim, pages, 0)
         self.pending = []
-        return self._zeroed(pages.tolist(), start)
+        return self._report(pages.tolist(), start)
 
-    def _zeroed(self, ids: list[int], start: float) -> list[int]:
+    def _report(self, ids: list[int], start: float) -> list[int]:
+        """Hand the pages just zeroed to :attr:`on_zeroed` (bytes, seconds since ``start``)."""
         if self.on_zeroed is not None:
             self.on_zeroed(ids, len(ids) * self.bytes_per_page, time.perf_counter() - start)
         return ids
