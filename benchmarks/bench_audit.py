@@ -29,6 +29,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from proc_cpu import process_cpu
 
 from kvgov.audit import AuditEvent, AuditLog, EventType, upgrade, verify
 
@@ -61,17 +64,6 @@ def make_events(n: int) -> list[AuditEvent]:
         )
         for i in range(n)
     ]
-
-
-def process_cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc; 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_write(

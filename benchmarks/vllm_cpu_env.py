@@ -218,6 +218,13 @@ class Server:
         self.started_s = time.monotonic()
         return self
 
+    @property
+    def pid(self) -> int:
+        """The server's (API server's) process id: its engine core and workers are its
+        descendants."""
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:

@@ -153,13 +153,42 @@ def test_the_salted_side_isolates_tenants_with_vllms_cache_salt() -> None:
     """stock-salted: a stock server, each tenant's requests salted with its name."""
     assert ("stock-salted", False, True) in bench_vllm_e2e.SIDES
     client = _Stream()
-    result = bench_vllm_e2e._one(client, "bank", "text", b"k" * 32, salted=True)
+    result = bench_vllm_e2e._one(client, "bank", "text", b"k" * 32, salt="bank")
     body = client.kwargs["extra_body"]
     assert isinstance(body, dict) and body["cache_salt"] == "bank"
     assert (result.prompt_tokens, result.cached_tokens, result.output_tokens) == (160, 0, 8)
     bench_vllm_e2e._one(client, "bank", "text", b"k" * 32)
     body = client.kwargs["extra_body"]
     assert isinstance(body, dict) and "cache_salt" not in body  # stock and governed share
+
+
+@pytest.mark.parametrize(
+    ("salting", "salts"),
+    [("tenant", ["bank", "clinic"]), ("one", ["one-salt", "one-salt"]), ("none", [None, None])],
+)
+def test_the_third_servers_salting_is_per_tenant_one_for_all_or_none(
+    salting: str, salts: list[str | None]
+) -> None:
+    """The third server's controls: a salt per tenant (isolation), one salt for every
+    tenant (``--one-salt-control``: the field, nothing isolated), none (A/A)."""
+    clients = bench_vllm_e2e.Clients(_server(False), b"k" * 32, salting=salting)
+    try:
+        stream = _Stream()
+        clients.local.client = stream
+        sent = []
+        for item in bench_vllm_e2e.workload(2):
+            clients._send(item)
+            body = stream.kwargs["extra_body"]
+            assert isinstance(body, dict)
+            sent.append(body.get("cache_salt"))
+        assert sent == salts
+    finally:
+        clients.close()
+
+
+def test_an_unknown_salting_is_refused() -> None:
+    with pytest.raises(ValueError, match="salting 'tenants'"):
+        bench_vllm_e2e.Clients(_server(False), b"k" * 32, salting="tenants")
 
 
 def test_the_sharing_options_share_group_lets_every_tenant_reuse_public_blocks_only(
@@ -223,3 +252,41 @@ def test_the_prefix_option_declares_the_system_prompt_of_workload_requests_only(
             assert xargs["kvgov_scope_token"].startswith("v2." if prefix else "v1.")
     finally:
         clients.close()
+
+
+def test_a_servers_cpu_is_summed_over_its_process_tree_by_name() -> None:
+    """``proc_cpu.tree_cpu``: a parent and the child it spawned, each counted; the tree's
+    CPU grows while the child spins; a process gone reads as nothing."""
+    import subprocess
+    import time
+
+    import proc_cpu
+
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(proc_cpu._children(parent.pid)) < 1:
+            time.sleep(0.02)
+        assert len(proc_cpu._children(parent.pid)) == 1, "the child started"
+        before = proc_cpu.tree_cpu(parent.pid)
+        grown = 0.0
+        while time.monotonic() < deadline and grown < 0.2:
+            time.sleep(0.05)
+            grown = sum(proc_cpu.cpu_delta(before, proc_cpu.tree_cpu(parent.pid)).values())
+        assert grown >= 0.2, before
+        child = proc_cpu._children(parent.pid)[0]
+        assert proc_cpu.process_cpu(child) >= 0.2 - proc_cpu.process_cpu(parent.pid)
+    finally:
+        import os
+        import signal
+
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert proc_cpu.tree_cpu(parent.pid) == {}  # gone: nothing to read
+    assert proc_cpu.process_cpu(None) == 0.0
+    assert proc_cpu.cpu_delta({"a": 1.0}, {"a": 1.5, "b": 0.25}) == {"a": 0.5, "b": 0.25}
