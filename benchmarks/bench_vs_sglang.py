@@ -10,15 +10,19 @@ free the duplicates (``RadixCache`` only), unlock. Sides: ``radix`` (``RadixCach
 zeroing, SQLite audit, its writer a thread of the engine's process) and
 ``governed-writer-process`` (the same with ``KVGOV_AUDIT_WRITER=process``: the audit
 trail sealed and stored by a writer process of its own, whose CPU is printed beside the
-engine's). One side per process (a side run after another in one process
-measured up to 1.8x slower). Prints microseconds a page per side, wall clock and the
-process's CPU time (all its threads: the audit writer's work counts; less swayed than
-the wall clock by other load on a shared machine) with the scheduler's thread's part of
-it (the loop's own thread), and the ratios of governed to stock
-``UnifiedRadixCache`` (target: at most 1.5), the engine's process alone and, for the
-writer-process side, with its writer's CPU added.
+engine's). One process per side (a side run after another in one process measured up
+to 1.8x slower), kept for every round: ``--rounds`` rounds (default 5), each running
+every side once on a fresh cache, forward in even rounds and reversed in odd ones. The
+host's speed drifts by a third within a minute (2026-12-07: three one-round runs read
+governed/unified 1.37x, 2.20x and 2.39x), so each ratio is taken within a round (its
+sides seconds apart) and the median over the rounds is reported. Prints each round's
+wall figures, then each side's medians: microseconds a page, wall clock and the
+process's CPU time (all its threads: the audit writer's work counts) with the
+scheduler's thread's part of it (the loop's own thread); and the median ratios of
+governed to stock ``UnifiedRadixCache`` (target: at most 1.5), the engine's process
+alone and, for the writer-process side, with its writer's CPU added.
 
-    python benchmarks/bench_vs_sglang.py [--requests N] [--side S]
+    python benchmarks/bench_vs_sglang.py [--requests N] [--rounds R] [--side S]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +43,8 @@ from typing import Any
 PAGE = 16
 BLOCK = 512
 TARGET = 1.5
+#: Rounds: every side once a round, each side's process kept from round to round
+ROUNDS = 5
 
 
 SIDES = ("radix", "unified", "governed", "governed-writer-process")
@@ -179,58 +186,158 @@ def run_side(side: str, n_req: int) -> dict[str, Any]:
     }
 
 
+def serve(side: str, n_req: int) -> int:
+    """A side's process: ``ready`` once its imports are done, then one round per ``run``
+    line on stdin (a fresh cache each), its figures one JSON line on stdout; ends at any
+    other line or the end of input."""
+    import torch  # noqa: F401  # the imports a round makes, before the first is timed
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: F401
+
+    if side.startswith("governed"):
+        from kvgov.govern.sglang.cache import GovernedUnifiedRadixCache  # noqa: F401
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        print(json.dumps(run_side(side, n_req)), flush=True)
+    return 0
+
+
+class Side:
+    """One side's process (``--serve``), kept for every round: a round costs its loop only."""
+
+    def __init__(self, side: str, n_req: int) -> None:
+        self.side = side
+        self.proc = subprocess.Popen(
+            [sys.executable, "-W", "ignore", __file__, "--side", side, "--requests", str(n_req),
+             "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )  # fmt: skip
+
+    def ready(self) -> None:
+        """Wait until the process has made its imports (so none run beside a round).
+
+        Raises:
+            RuntimeError: the side's process failed (its stderr's tail).
+        """
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self._failed()
+
+    def _failed(self) -> None:
+        self.proc.wait()
+        err = self.proc.stderr.read() if self.proc.stderr is not None else ""
+        raise RuntimeError(f"side {self.side} failed:\n{err[-3000:]}")
+
+    def round(self) -> dict[str, Any]:
+        """Run one round; its figures.
+
+        Raises:
+            RuntimeError: the side's process failed (its stderr's tail).
+        """
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self._failed()
+        got: dict[str, Any] = json.loads(line)
+        return got
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def round_order(rounds: int) -> list[list[str]]:
+    """Each round's order of the sides: forward in even rounds, reversed in odd ones, so
+    no side always runs right after another (the host's speed drifts within a round)."""
+    return [list(SIDES) if r % 2 == 0 else list(reversed(SIDES)) for r in range(rounds)]
+
+
+def paired(rounds: list[dict[str, dict[str, Any]]], side: str, ref: str, key: str) -> list[float]:
+    """``side``'s figure over ``ref``'s, round by round (each pair minutes apart at most)."""
+    return [r[side][key] / r[ref][key] for r in rounds]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
     ap.add_argument("--side", choices=SIDES)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.requests < 1 or args.rounds < 1:
+        ap.error("--requests and --rounds must be at least 1")
+    if args.side and args.serve:
+        return serve(args.side, args.requests)
     if args.side:
         print(json.dumps(run_side(args.side, args.requests)), flush=True)
         return 0
-    figures: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    writer: dict[str, float] = {}
+    sides = {side: Side(side, args.requests) for side in SIDES}
+    rounds: list[dict[str, dict[str, Any]]] = []
+    try:
+        for one in sides.values():
+            one.ready()
+        for r, order in enumerate(round_order(args.rounds)):
+            got = {side: sides[side].round() for side in order}
+            rounds.append(got)
+            print(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{side} {got[side]['us_per_page']:.3f}" for side in SIDES)
+                + " us/page wall",
+                flush=True,
+            )
+    except RuntimeError as exc:
+        print(f"bench_vs_sglang: {exc}")
+        return 1
+    finally:
+        for one in sides.values():
+            one.close()
+    med = statistics.median
     for side in SIDES:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-W",
-                "ignore",
-                __file__,
-                "--side",
-                side,
-                "--requests",
-                str(args.requests),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
-        if proc.returncode != 0:
-            print(f"bench_vs_sglang: side {side} failed:\n{proc.stderr[-3000:]}")
-            return 1
-        got = json.loads(proc.stdout.strip().splitlines()[-1])
-        figures[side], cpu[side] = got["us_per_page"], got["cpu_us_per_page"]
-        writer[side] = got["writer_cpu_us_per_page"]
-        beside = f", writer process {writer[side]:.3f}" if writer[side] else ""
+        beside = ""
+        if side == "governed-writer-process":
+            beside = (
+                f", writer process {med(r[side]['writer_cpu_us_per_page'] for r in rounds):.3f}"
+            )
         print(
-            f"{side:23s} {figures[side]:8.3f} us/page wall, {cpu[side]:8.3f} us/page CPU "
-            f"(scheduler thread {got['thread_cpu_us_per_page']:.3f}{beside})",
+            f"{side:23s} {med(r[side]['us_per_page'] for r in rounds):8.3f} us/page wall, "
+            f"{med(r[side]['cpu_us_per_page'] for r in rounds):8.3f} us/page CPU (scheduler "
+            f"thread {med(r[side]['thread_cpu_us_per_page'] for r in rounds):.3f}{beside}); "
+            "medians",
             flush=True,
         )
-    ratio = figures["governed"] / figures["unified"]
+    wall = paired(rounds, "governed", "unified", "us_per_page")
+    cpu = paired(rounds, "governed", "unified", "cpu_us_per_page")
+    ratio = med(wall)
     verdict = "met" if ratio <= TARGET else "MISSED"
+    print(f"governed/unified per round, wall: {', '.join(f'{x:.2f}' for x in sorted(wall))}")
     print(
-        f"RESULT governed/unified = {ratio:.2f}x wall, "
-        f"{cpu['governed'] / cpu['unified']:.2f}x CPU (target <= {TARGET}x wall: {verdict}); "
-        f"governed/radix = {figures['governed'] / figures['radix']:.2f}x wall"
+        f"RESULT governed/unified = {ratio:.2f}x wall, {med(cpu):.2f}x CPU, the medians of "
+        f"{len(rounds)} rounds (target <= {TARGET}x wall: {verdict}); governed/radix = "
+        f"{med(paired(rounds, 'governed', 'radix', 'us_per_page')):.2f}x wall"
     )
     side = "governed-writer-process"
+    with_writer = [
+        (r[side]["cpu_us_per_page"] + r[side]["writer_cpu_us_per_page"])
+        / r["unified"]["cpu_us_per_page"]
+        for r in rounds
+    ]
     print(
-        f"RESULT {side}/unified = {figures[side] / figures['unified']:.2f}x wall, "
-        f"{cpu[side] / cpu['unified']:.2f}x CPU in the engine's process, "
-        f"{(cpu[side] + writer[side]) / cpu['unified']:.2f}x CPU with its writer process"
+        f"RESULT {side}/unified = {med(paired(rounds, side, 'unified', 'us_per_page')):.2f}x "
+        f"wall, {med(paired(rounds, side, 'unified', 'cpu_us_per_page')):.2f}x CPU in the "
+        f"engine's process, {med(with_writer):.2f}x CPU with its writer process"
     )
     return 0
 
