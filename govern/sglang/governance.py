@@ -810,7 +810,10 @@ class SglangGovernance:
             view = adm.view
             if pages and not adm.shared and view is not None:
                 groups = gov.ledger.owners.group(pages)
-                if len(groups) == 1 and groups[0][0] == view.scope:
+                owner = groups[0][0] if len(groups) == 1 else None
+                # the same object as a rule (the owners are the admitted scopes); equal
+                # compares the scope's nine fields
+                if owner is not None and (owner is view.scope or owner == view.scope):
                     own, tenant = len(pages), view.scope.tenant
                     folded = decided.folded.get(own)
                     if folded is None:
