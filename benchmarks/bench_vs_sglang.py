@@ -266,7 +266,7 @@ def round_order(rounds: int) -> list[list[str]]:
 
 
 def paired(rounds: list[dict[str, dict[str, Any]]], side: str, ref: str, key: str) -> list[float]:
-    """``side``'s figure over ``ref``'s, round by round (each pair minutes apart at most)."""
+    """``side``'s figure over ``ref``'s, round by round (each pair seconds apart)."""
     return [r[side][key] / r[ref][key] for r in rounds]
 
 
