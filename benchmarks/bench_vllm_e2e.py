@@ -270,11 +270,11 @@ def run_turn(
     token_key: bytes,
     part: int = -1,
     concurrency: int = CONCURRENCY,
-    salted: bool = False,
+    salting: str = "none",
 ) -> tuple[float, list[Result]]:
     """Send the workload to one server from ``concurrency`` new clients; (wall seconds,
-    results). ``salted``: each request carries its tenant's name as ``cache_salt``."""
-    clients = Clients(server, token_key, concurrency, "tenant" if salted else "none")
+    results). ``salting``: each request's ``cache_salt``, as :class:`Clients` takes it."""
+    clients = Clients(server, token_key, concurrency, salting)
     try:
         return clients.turn(requests, part)
     finally:

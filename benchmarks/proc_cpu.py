@@ -42,8 +42,9 @@ def _children(pid: int) -> list[int]:
 
 
 def tree_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds so far of ``pid`` and every descendant, summed per command name
-    (``/proc/PID/comm``: vLLM names its engine core and workers by process title)."""
+    """CPU seconds so far of ``pid`` and every descendant, summed per command name (the
+    name ``/proc/PID/stat`` gives, as ``comm``: vLLM names its engine core and workers by
+    process title)."""
     out: dict[str, float] = defaultdict(float)
     todo, seen = [pid], set()
     while todo:
