@@ -558,6 +558,10 @@ class GovernedUnifiedRadixCache(UnifiedRadixCache):
             self.kvgov_namespaces.pop(ns, None)
             self.kvgov_owners.pop(ns, None)
 
+    def kvgov_flush(self) -> None:
+        """Zero what is pending and store every audit event (:meth:`SglangGovernance.flush`)."""
+        self.kvgov.flush()
+
     def kvgov_close(self) -> None:
         """Zero what is pending and close the audit trail."""
         self.kvgov.close()

@@ -1141,6 +1141,25 @@ class SglangGovernance:
             )
         )
 
+    def flush(self) -> None:
+        """Zero what is pending, write the zeroization events held back, store every event.
+
+        Everything the cache has done is then evidence in the audit database (or its
+        spool while the database is down); the cache stays open. What :meth:`close`
+        does before it closes; for an operator's checkpoint, and for a benchmark
+        whose timed work ends with its evidence stored.
+
+        Raises:
+            PoolClosed: the governance is closed.
+            AuditUnavailable: some events could be written neither to the database
+                nor to the spool (they stay in memory and are retried).
+        """
+        self.gov.check_open()
+        self.zeroer.flush()
+        self.audit_zeroized()
+        self.audit_host_zeroized()
+        self.gov.audit.flush()
+
     def close(self) -> None:
         """Zero what is pending, flush and close the audit trail. Idempotent."""
         if self.gov.closed:

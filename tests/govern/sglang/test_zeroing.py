@@ -16,10 +16,13 @@ pytestmark = pytest.mark.sglang
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.mem_cache.unified_radix_cache")
 
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
+
 from kvgov.audit.queries import AuditQueries  # noqa: E402
+from kvgov.exceptions import PoolClosed  # noqa: E402
 from kvgov.govern.sglang import governance  # noqa: E402
 
-from .test_differential import _build, _drive, _req, _stream  # noqa: E402
+from .test_differential import POOL, _build, _drive, _req, _stream  # noqa: E402
 
 
 def _zeroizations(url: str) -> list[tuple[str | None, tuple[int, ...]]]:
@@ -69,3 +72,32 @@ def test_an_erasure_writes_the_pending_zeroizations_before_its_own_event(tmp_pat
         assert sum(len(ids) for _, ids in _zeroizations(url)) == zeroed
     finally:
         gov.kvgov_close()
+
+
+def test_a_flush_zeroes_what_is_pending_and_stores_every_event_with_the_cache_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a batch no run reaches: before the flush, no zeroization event is written
+    monkeypatch.setattr(governance, "ZERO_AUDIT_BATCH", 1 << 30, raising=False)
+    gov, alloc, kv = _build(True, tmp_path)
+    url = f"sqlite:///{tmp_path}/audit.db"
+    try:
+        _drive(gov, alloc, kv, [_req(i, "acme", t) for i, t in enumerate(_stream(30, seed=9))])
+        gov.evict(EvictParams(num_tokens=POOL))  # frees every unlocked page
+        pending = gov.kvgov.zeroer.pending_ids()
+        assert pending  # released and not yet zeroed: no allocation since
+        gov.kvgov_flush()
+        assert gov.kvgov.zeroer.pending_ids() == []
+        assert gov.kvgov.zeroer.reads_zero(pending)
+        zeroed = gov.kvgov.gov.ledger.counters["acme"].blocks_zeroized
+        stored = _zeroizations(url)  # read from the database, by another connection
+        assert zeroed and sum(len(ids) for _, ids in stored) == zeroed
+        assert set(pending) <= {b for _, ids in stored for b in ids}
+        with AuditQueries(url) as q:  # every admission stored too, the cache still open
+            assert len(list(q.events(type="admission"))) == 30
+        assert not gov.kvgov.gov.closed
+        _drive(gov, alloc, kv, [_req(30, "acme", _stream(1, seed=10)[0])])  # still serves
+    finally:
+        gov.kvgov_close()
+    with pytest.raises(PoolClosed):
+        gov.kvgov_flush()
