@@ -174,10 +174,12 @@ def run_side(side: str, n_req: int) -> dict[str, Any]:
             cache.kvgov_flush()
         seconds = time.perf_counter() - start
         cpu = time.process_time() - cpu
-        if writer_pid is not None:  # the writer process's CPU, as it reported it at the flush
-            writer_cpu = audit.writer_cpu_seconds - writer_cpu  # type: ignore[union-attr]
-        else:
-            writer_cpu = 0.0
+        # the writer process's CPU over the round, as it reported it at the flush
+        writer_cpu = (
+            audit.writer_cpu_seconds - writer_cpu  # type: ignore[union-attr]
+            if writer_pid is not None
+            else 0.0
+        )
         close = time.perf_counter()
         if governed:  # once a server's life, not per page: shown apart, untimed
             cache.kvgov_close()
