@@ -86,6 +86,7 @@ def test_a_flush_zeroes_what_is_pending_and_stores_every_event_with_the_cache_op
         gov.evict(EvictParams(num_tokens=POOL))  # frees every unlocked page
         pending = gov.kvgov.zeroer.pending_ids()
         assert pending  # released and not yet zeroed: no allocation since
+        assert not gov.kvgov.zeroer.reads_zero(pending)  # the KV _drive wrote, still there
         gov.kvgov_flush()
         assert gov.kvgov.zeroer.pending_ids() == []
         assert gov.kvgov.zeroer.reads_zero(pending)
