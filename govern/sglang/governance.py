@@ -1155,9 +1155,7 @@ class SglangGovernance:
                 nor to the spool (they stay in memory and are retried).
         """
         self.gov.check_open()
-        self.zeroer.flush()
-        self.audit_zeroized()
-        self.audit_host_zeroized()
+        self._zero_pending_audited()
         self.gov.audit.flush()
 
     def close(self) -> None:
@@ -1165,11 +1163,16 @@ class SglangGovernance:
         if self.gov.closed:
             return
         try:
-            self.zeroer.flush()
-            self.audit_zeroized()
-            self.audit_host_zeroized()
+            self._zero_pending_audited()
         finally:
             self.gov.close()
+
+    def _zero_pending_audited(self) -> None:
+        """Zero the pages released since the last allocation; write every zeroization
+        event held back (device and host)."""
+        self.zeroer.flush()
+        self.audit_zeroized()
+        self.audit_host_zeroized()
 
 
 #: Scope digests kept, then emptied (a bound on memory).
